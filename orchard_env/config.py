@@ -1,0 +1,268 @@
+"""Configuration: one table, one precedence.
+
+Precedence, everywhere: explicit argument (CLI flag) > ``ORCHARD_*`` environment variable >
+the active context in ``~/.config/orchard/config.toml`` > the default in the table below.
+The SDK also honours upstream's ``SANDBOX_BASE_URL`` / ``SANDBOX_API_KEY`` (after the
+``ORCHARD_*`` names). Nothing is read at import time: call :func:`service_settings` or
+:func:`client_settings` when you need values. A bad value raises
+:class:`~orchard_env.errors.ConfigError` naming its key and where it came from.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from orchard_env.errors import ConfigError
+from orchard_env.protocol import parse_cpu, parse_memory
+
+
+def config_dir() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "orchard"
+
+
+def state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "orchard"
+
+
+def config_path() -> Path:
+    override = os.environ.get("ORCHARD_CONFIG")
+    return Path(override) if override else config_dir() / "config.toml"
+
+
+def _bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise ValueError("must be a positive whole number")
+    return number
+
+
+def _non_negative_int(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError("must be zero or a positive whole number")
+    return number
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str  # the name in config.toml; the env var is ORCHARD_<KEY upper>
+    default: str | None
+    parse: Callable[[str], Any]
+    help: str
+
+    @property
+    def env(self) -> str:
+        return "ORCHARD_" + self.key.upper()
+
+
+# The one table. Service settings are read by `orchard serve`; client settings by the SDK/CLI.
+SERVICE_SETTINGS: tuple[Setting, ...] = (
+    Setting("host", "127.0.0.1", str, "address the orchestrator listens on"),
+    Setting("port", "8000", _positive_int, "port the orchestrator listens on"),
+    Setting("state_dir", None, Path, "where the database, logs and sandbox dirs live"),
+    Setting("backend", "docker", str, "sandbox backend: docker (local engine) or kubernetes"),
+    Setting("docker_host", None, str, "engine socket URL; default: DOCKER_HOST, then the usual"),
+    Setting("instance", "default", str, "name of this orchestrator; labels its sandboxes"),
+    Setting("require_api_key", "true", _bool, "reject requests without a valid X-API-Key"),
+    Setting("default_cpu", "1", parse_cpu, "CPU cores of a sandbox that asks for none"),
+    Setting("default_memory", "2Gi", parse_memory, "memory of a sandbox that asks for none"),
+    Setting("max_cpu", "16", parse_cpu, "largest CPU a sandbox may ask for"),
+    Setting("max_memory", "64Gi", parse_memory, "largest memory a sandbox may ask for"),
+    Setting("pids_limit", "4096", _positive_int, "process limit per sandbox"),
+    Setting("default_workdir", "/workspace", str, "working directory of a new sandbox"),
+    Setting("sandbox_ttl_seconds", "7200", _non_negative_int, "lifetime cap; 0 = none"),
+    Setting("idle_timeout_seconds", "1800", _non_negative_int, "idle expiry; 0 = none"),
+    Setting("ready_timeout_seconds", "120", _positive_int, "how long a create may take"),
+    Setting("reap_interval_seconds", "15", _positive_int, "how often the reaper runs"),
+    Setting("max_output_bytes", str(16 * 1024 * 1024), _positive_int, "exec output cap"),
+    Setting("job_retention_seconds", "86400", _positive_int, "how long finished jobs stay"),
+    Setting("agent_bundle_dir", None, Path, "the relocatable agent bundle to mount"),
+)
+
+CLIENT_SETTINGS: tuple[Setting, ...] = (
+    Setting("url", "http://127.0.0.1:8000", str, "the orchestrator's base URL"),
+    Setting("api_key", None, str, "the API key sent as X-API-Key"),
+)
+
+_UPSTREAM_ENV = {"url": "SANDBOX_BASE_URL", "api_key": "SANDBOX_API_KEY"}
+
+
+# --- config file and contexts ----------------------------------------------------------------
+
+
+def load_config_file(path: Path | None = None) -> dict[str, Any]:
+    path = path or config_path()
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        return {}
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not valid TOML: {exc}", hint=f"fix or remove {path}"
+        ) from exc
+
+
+def save_config_file(data: Mapping[str, Any], path: Path | None = None) -> Path:
+    path = path or config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        tomli_w.dump(dict(data), handle)
+    tmp.replace(path)
+    return path
+
+
+def active_context(data: Mapping[str, Any], name: str | None = None) -> tuple[str | None, dict[str, Any]]:
+    """The context to use: the named one, else ``ORCHARD_CONTEXT``, else ``current_context``."""
+    contexts = data.get("contexts", {})
+    chosen = name or os.environ.get("ORCHARD_CONTEXT") or data.get("current_context")
+    if chosen is None:
+        return None, {}
+    if chosen not in contexts:
+        known = ", ".join(sorted(contexts)) or "none"
+        raise ConfigError(
+            f"context {chosen!r} is not in {config_path()} (known: {known})",
+            hint="`orchard context list` shows them; `orchard up` creates one",
+        )
+    return chosen, dict(contexts[chosen])
+
+
+def write_context(name: str, values: Mapping[str, Any], *, make_current: bool = True) -> Path:
+    data = load_config_file()
+    data.setdefault("contexts", {})[name] = dict(values)
+    if make_current:
+        data["current_context"] = name
+    return save_config_file(data)
+
+
+def remove_context(name: str) -> bool:
+    data = load_config_file()
+    if name not in data.get("contexts", {}):
+        return False
+    del data["contexts"][name]
+    if data.get("current_context") == name:
+        data.pop("current_context")
+    save_config_file(data)
+    return True
+
+
+# --- resolution ----------------------------------------------------------------------------
+
+
+def _resolve(
+    table: tuple[Setting, ...],
+    overrides: Mapping[str, Any],
+    file_values: Mapping[str, Any],
+    file_label: str,
+    extra_env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    resolved: dict[str, Any] = {}
+    for setting in table:
+        if overrides.get(setting.key) is not None:
+            resolved[setting.key] = overrides[setting.key]
+            continue
+        source, raw = None, None
+        if setting.env in os.environ:
+            source, raw = setting.env, os.environ[setting.env]
+        elif extra_env and extra_env.get(setting.key, "") in os.environ:
+            name = extra_env[setting.key]
+            source, raw = name, os.environ[name]
+        elif setting.key in file_values:
+            source, raw = f"{file_label} key {setting.key!r}", str(file_values[setting.key])
+        elif setting.default is not None:
+            source, raw = "default", setting.default
+        if raw is None:
+            resolved[setting.key] = None
+            continue
+        try:
+            resolved[setting.key] = setting.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(
+                f"bad value {raw!r} for {setting.key} (from {source}): {exc}",
+                hint=f"{setting.key}: {setting.help}",
+            ) from exc
+    return resolved
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    host: str
+    port: int
+    state_dir: Path
+    backend: str
+    docker_host: str | None
+    instance: str
+    require_api_key: bool
+    default_cpu: float
+    default_memory: int
+    max_cpu: float
+    max_memory: int
+    pids_limit: int
+    default_workdir: str
+    sandbox_ttl_seconds: int
+    idle_timeout_seconds: int
+    ready_timeout_seconds: int
+    reap_interval_seconds: int
+    max_output_bytes: int
+    job_retention_seconds: int
+    agent_bundle_dir: Path | None
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "orchard.db"
+
+    @property
+    def sandboxes_dir(self) -> Path:
+        return self.state_dir / "sandboxes"
+
+
+def service_settings(**overrides: Any) -> ServiceSettings:
+    """Resolve the orchestrator's settings (flags as keyword arguments)."""
+    file_values = load_config_file().get("service", {})
+    values = _resolve(SERVICE_SETTINGS, overrides, file_values, f"{config_path()} [service]")
+    if values["state_dir"] is None:
+        values["state_dir"] = state_dir()
+    if values["backend"] not in ("docker", "kubernetes"):
+        raise ConfigError(
+            f"unknown backend {values['backend']!r}", hint="backend is docker or kubernetes"
+        )
+    return ServiceSettings(**values)
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    url: str
+    api_key: str | None
+    context: str | None
+
+
+def client_settings(
+    url: str | None = None, api_key: str | None = None, context: str | None = None
+) -> ClientSettings:
+    """Resolve where the SDK/CLI talks to, honouring upstream's SANDBOX_* variables."""
+    name, values = active_context(load_config_file(), context)
+    label = f"{config_path()} context {name!r}"
+    resolved = _resolve(
+        CLIENT_SETTINGS, {"url": url, "api_key": api_key}, values, label, _UPSTREAM_ENV
+    )
+    return ClientSettings(url=resolved["url"].rstrip("/"), api_key=resolved["api_key"], context=name)

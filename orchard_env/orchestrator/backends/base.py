@@ -1,0 +1,106 @@
+"""The contract every sandbox backend implements (local engine, Kubernetes).
+
+A backend does lifecycle only: create, inspect, list, delete (and snapshot where it can).
+Exec and file I/O never go through it: they go straight to the agent at
+:attr:`BackendSandbox.agent`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+
+class Capability(StrEnum):
+    NETWORK_ISOLATION = "network_isolation"
+    SNAPSHOT = "snapshot"
+    PTY = "pty"
+
+
+class SandboxState(StrEnum):
+    CREATING = "creating"  # accepted by the backend, not running yet
+    RUNNING = "running"  # the container/pod runs (the agent may still be starting)
+    UNSCHEDULABLE = "unschedulable"
+    EXITED = "exited"  # the container stopped: the sandbox is dead
+    FAILED = "failed"  # could not start (reason says why)
+
+
+@dataclass(frozen=True)
+class AgentEndpoint:
+    """How the orchestrator reaches a sandbox's agent: a unix socket path or host:port."""
+
+    token: str
+    uds: str | None = None
+    host: str | None = None
+    port: int | None = None
+
+    def base_url(self) -> str:
+        if self.uds is not None:
+            return "http://agent"
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything a backend needs to start one sandbox."""
+
+    sandbox_id: str
+    image: str
+    cpu: float  # cores
+    memory_bytes: int
+    block_network: bool
+    workdir: str
+    agent_token: str
+    owner: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # the user's labels
+    pids_limit: int = 4096
+    # Serialised orchestrator record kept on the container/pod so a restart with lost
+    # state can adopt it without guessing (see reconciliation).
+    record_annotation: str | None = None
+
+
+@dataclass(frozen=True)
+class BackendSandbox:
+    """What a backend knows about one sandbox it runs."""
+
+    sandbox_id: str
+    state: SandboxState
+    agent: AgentEndpoint | None
+    created_at: datetime
+    reason: str | None = None
+    exit_code: int | None = None
+    record_annotation: str | None = None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Lifecycle of sandboxes on one substrate.
+
+    Contracts:
+
+    * ``create`` returns once the substrate accepted and started the sandbox (the agent may
+      still be starting: the orchestrator polls the agent's health). It raises
+      :class:`~orchard_env.errors.ImageNotFound` within seconds when the image cannot be
+      found or pulled, with the engine's reason, and
+      :class:`~orchard_env.errors.SandboxExists` if the id is taken.
+    * ``delete`` of a sandbox that is already gone returns quietly. It removes everything the
+      backend made for the sandbox (container/pod, per-sandbox directory, policies).
+    * ``list`` returns every sandbox this orchestrator instance owns (by label), including
+      ones it has no record of, so reconciliation can adopt them.
+    """
+
+    name: str
+    capabilities: frozenset[Capability]
+
+    async def create(self, spec: SandboxSpec) -> BackendSandbox: ...
+
+    async def inspect(self, sandbox_id: str) -> BackendSandbox | None: ...
+
+    async def list(self) -> list[BackendSandbox]: ...
+
+    async def delete(self, sandbox_id: str) -> None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,429 @@
+"""Wire models shared by the SDK, the orchestrator and the CLI.
+
+The REST API is upstream Orchard Env's, unchanged in paths and JSON field names, so its
+clients keep working; everything Orchard adds is an extra optional field or a new route.
+Validation rules live here once (ids, quantities, images) so the SDK, the CLI and the
+server reject the same inputs with the same message.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# --- validation helpers ------------------------------------------------------------------
+
+SANDBOX_ID_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+# A conservative form of the OCI reference grammar: [registry/]path[:tag][@digest].
+IMAGE_RE = re.compile(
+    r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[\w][\w.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+_CPU_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m?)$")
+_MEM_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|K|M|G|T|k)?$")
+_MEM_UNITS = {
+    None: 1,
+    "k": 1000,
+    "K": 1000,
+    "M": 1000**2,
+    "G": 1000**3,
+    "T": 1000**4,
+    "Ki": 1024,
+    "Mi": 1024**2,
+    "Gi": 1024**3,
+    "Ti": 1024**4,
+}
+
+
+def check_sandbox_id(value: str) -> str:
+    if not SANDBOX_ID_RE.match(value):
+        raise ValueError(
+            f"sandbox id {value!r} is not a DNS label: use 1-63 lowercase letters, digits "
+            "and '-', starting and ending with a letter or digit"
+        )
+    return value
+
+
+def check_image(value: str) -> str:
+    if not IMAGE_RE.match(value):
+        raise ValueError(
+            f"image {value!r} is not a valid image reference "
+            "(expected [registry/]name[:tag][@sha256:digest], lowercase name)"
+        )
+    return value
+
+
+def parse_cpu(value: str | float | int) -> float:
+    """Kubernetes CPU quantity → cores: ``2``, ``0.5``, ``"500m"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"cpu {value!r} is not a quantity")
+    if isinstance(value, int | float):
+        cores = float(value)
+    else:
+        match = _CPU_RE.match(value.strip())
+        if not match:
+            raise ValueError(f"cpu {value!r} is not a quantity (examples: 2, 0.5, 500m)")
+        cores = float(match.group(1)) / (1000 if match.group(2) else 1)
+    if cores <= 0:
+        raise ValueError(f"cpu {value!r} must be greater than zero")
+    return cores
+
+
+def parse_memory(value: str | int) -> int:
+    """Kubernetes memory quantity → bytes: ``"512Mi"``, ``"8Gi"``, ``"1G"``, ``1073741824``."""
+    if isinstance(value, bool):
+        raise ValueError(f"memory {value!r} is not a quantity")
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _MEM_RE.match(value.strip())
+        if not match:
+            raise ValueError(f"memory {value!r} is not a quantity (examples: 512Mi, 8Gi, 1G)")
+        size = int(float(match.group(1)) * _MEM_UNITS[match.group(2)])
+    if size <= 0:
+        raise ValueError(f"memory {value!r} must be greater than zero")
+    return size
+
+
+def format_memory(size: int) -> str:
+    for unit in ("Ti", "Gi", "Mi", "Ki"):
+        factor = _MEM_UNITS[unit]
+        if size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
+
+
+def check_labels(labels: dict[str, str]) -> dict[str, str]:
+    for key, value in labels.items():
+        if not LABEL_KEY_RE.match(key):
+            raise ValueError(f"label key {key!r} is invalid (letters, digits, '-', '_', '.')")
+        if not LABEL_VALUE_RE.match(value):
+            raise ValueError(f"label value {value!r} for {key!r} is invalid")
+    return labels
+
+
+def command_text(command: str | list[str]) -> str:
+    """How a command is shown and stored: lists are shell-quoted, never joined lossily."""
+    return command if isinstance(command, str) else shlex.join(command)
+
+
+# --- sandboxes -----------------------------------------------------------------------------
+
+
+class SandboxStatus(StrEnum):
+    PENDING = "pending"
+    READY = "ready"
+    UNSCHEDULABLE = "unschedulable"
+    FAILED = "failed"
+    DELETED = "deleted"
+    NOT_FOUND = "not_found"
+
+
+class CreateSandboxRequest(BaseModel):
+    """``POST /sandboxes``. Upstream fields first; ``timeout`` is upstream's readiness timeout."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str
+    block_network: bool = True
+    sandbox_id: str | None = None
+    cpu: str | float | None = None
+    memory: str | int | None = None
+    timeout: int | None = Field(default=None, ge=1, le=86400)
+    # Orchard extensions
+    labels: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    ttl_seconds: int | None = Field(default=None, ge=1)
+    idle_timeout_seconds: int | None = Field(default=None, ge=1)
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        return check_image(v)
+
+    @field_validator("sandbox_id")
+    @classmethod
+    def _sandbox_id(cls, v: str | None) -> str | None:
+        return None if v is None else check_sandbox_id(v)
+
+    @field_validator("cpu")
+    @classmethod
+    def _cpu(cls, v: str | float | None) -> str | float | None:
+        if v is not None:
+            parse_cpu(v)
+        return v
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, v: str | int | None) -> str | int | None:
+        if v is not None:
+            parse_memory(v)
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_labels(v)
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"workdir {v!r} must be an absolute path")
+        return v
+
+
+class SandboxInfo(BaseModel):
+    """A sandbox as ``GET /sandboxes/{id}`` returns it (upstream fields + extensions)."""
+
+    sandbox_id: str
+    namespace: str
+    image: str
+    pod_name: str
+    block_network: bool
+    cpu: str
+    memory: str
+    created_at: datetime
+    ready: bool
+    status: SandboxStatus
+    status_message: str | None = None
+    # Orchard extensions
+    labels: dict[str, str] = Field(default_factory=dict)
+    owner: str | None = None
+    workdir: str = "/workspace"
+    env: dict[str, str] = Field(default_factory=dict)
+    backend: str = ""
+    expires_at: datetime | None = None
+    idle_timeout_seconds: int | None = None
+    last_activity_at: datetime | None = None
+    deleted_at: datetime | None = None
+    source_snapshot: str | None = None
+
+
+class SandboxList(BaseModel):
+    sandboxes: list[SandboxInfo]
+
+
+class DeleteResponse(BaseModel):
+    status: Literal["deleted"] = "deleted"
+    sandbox_id: str | None = None
+
+
+class HeartbeatResponse(BaseModel):
+    status: Literal["ok"] = "ok"
+    expires_at: datetime | None = None
+
+
+# --- exec and jobs -------------------------------------------------------------------------
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+
+    @property
+    def done(self) -> bool:
+        return self not in (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+class ExecRequest(BaseModel):
+    """``POST /sandboxes/{id}/exec`` (and ``/exec/stream``).
+
+    ``command`` as a string runs through ``/bin/sh -c`` (bash for ``login_shell``); a list is
+    an argv run directly. ``job_id`` makes the submission idempotent: the same id submitted
+    again returns the existing job and never runs the command twice.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str | list[str]
+    timeout_seconds: int = Field(default=300, ge=1, le=7 * 86400)
+    cwd: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    login_shell: bool = False
+    wait: bool = False
+    # Orchard extensions
+    job_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[\w.-]+$")
+    stdin: str | None = None
+    max_output_bytes: int | None = Field(default=None, ge=0)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: str | list[str]) -> str | list[str]:
+        if (isinstance(v, str) and not v.strip()) or (isinstance(v, list) and not v):
+            raise ValueError("command is empty")
+        return v
+
+
+class Job(BaseModel):
+    """A command's run, as ``GET /jobs/{id}`` returns it."""
+
+    job_id: str
+    sandbox_id: str
+    command: str
+    status: JobStatus
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    created_at: datetime
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    error: str | None = None
+    # Orchard extensions
+    timed_out: bool = False
+    truncated: bool = False
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == JobStatus.SUCCEEDED
+
+
+class ExecEvent(BaseModel):
+    """One NDJSON line of ``POST /sandboxes/{id}/exec/stream``.
+
+    ``started`` (carries job_id), then any number of ``stdout``/``stderr`` (text in ``data``),
+    then exactly one ``exit`` carrying the final ``job``.
+    """
+
+    event: Literal["started", "stdout", "stderr", "exit"]
+    job_id: str
+    data: str | None = None
+    job: Job | None = None
+
+
+# --- files and patches ---------------------------------------------------------------------
+
+
+class FileUpload(BaseModel):
+    """``POST /sandboxes/{id}/files``: upstream's base64 upload."""
+
+    path: str
+    content: str
+    mode: int | None = Field(default=None, ge=0, le=0o7777)
+
+
+class FileUploadResult(BaseModel):
+    success: bool = True
+    path: str
+    size: int
+
+
+class FileContent(BaseModel):
+    """``GET /sandboxes/{id}/files?path=``: upstream's base64 download."""
+
+    path: str
+    content: str
+    size: int
+
+
+class FileEntry(BaseModel):
+    name: str
+    type: Literal["file", "directory", "symlink", "other"]
+    size: int
+    modified: datetime
+
+
+class MkdirRequest(BaseModel):
+    path: str
+    parents: bool = True
+
+
+class PatchRequest(BaseModel):
+    """``POST /sandboxes/{id}/apply_patch``. Upstream: ``patch``, ``timeout_seconds``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    patch: str
+    timeout_seconds: int = Field(default=30, ge=1, le=3600)
+    cwd: str | None = None
+    check: bool = False
+    three_way: bool = False
+    reverse: bool = False
+
+
+class PatchResult(BaseModel):
+    success: bool
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    error: str | None = None
+
+
+# --- keys, usage, health -------------------------------------------------------------------
+
+
+class KeyCreateRequest(BaseModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[\w.@-]+$")
+    admin: bool = False
+
+
+class KeyInfo(BaseModel):
+    key_id: str
+    name: str
+    admin: bool
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+class KeyCreated(KeyInfo):
+    """Returned once, at creation: the only time the secret is shown."""
+
+    api_key: str
+
+
+class UsageRecord(BaseModel):
+    """Sandbox-seconds of one sandbox within the asked period, with its size and labels."""
+
+    sandbox_id: str
+    owner: str | None
+    image: str
+    cpu: float
+    memory_bytes: int
+    labels: dict[str, str]
+    started_at: datetime
+    ended_at: datetime | None
+    seconds: float
+
+
+class UsageReport(BaseModel):
+    since: datetime
+    until: datetime
+    records: list[UsageRecord]
+
+
+class Health(BaseModel):
+    status: Literal["healthy", "degraded"] = "healthy"
+    version: str
+    backend: str
+    sandboxes: int | None = None
+
+
+# --- PTY (websocket JSON frames, upstream-compatible) ------------------------------------
+
+
+class PtyInit(BaseModel):
+    type: Literal["init"] = "init"
+    cmd: list[str] = Field(default_factory=lambda: ["/bin/sh"])
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    rows: int = Field(default=24, ge=1, le=1000)
+    cols: int = Field(default=80, ge=1, le=1000)
+    login_shell: bool = False
+
+
+PTY_CLIENT_TYPES = ("init", "stdin", "signal", "resize", "close")
+PTY_SERVER_TYPES = ("ready", "stdout", "exit", "error")
+PTY_SIGNALS = ("TERM", "KILL", "INT", "HUP", "QUIT")
