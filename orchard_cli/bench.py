@@ -1,0 +1,83 @@
+"""`orchard bench …`: measured performance, printed as Markdown for docs/performance.md."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from orchard_cli.console import ApiKeyOpt, ContextOpt, JsonOpt, UrlOpt, connect, err, out, print_json
+from orchard_env.bench import BenchResult, bench_create, bench_exec, bench_launch
+from orchard_env.config import client_settings
+from orchard_env.sdk import AsyncSandboxClient
+from orchard_env.smoke import DEFAULT_IMAGE
+
+app = typer.Typer(help="Benchmarks through the public API (results: docs/performance.md).", no_args_is_help=True)
+
+ImageOpt = Annotated[str, typer.Option("--image", help="Image to benchmark with.")]
+
+
+def _emit(result: BenchResult, json_: bool) -> None:
+    if json_:
+        print_json(result.to_json())
+    else:
+        out.print(result.markdown(), markup=False)
+
+
+@app.command("exec")
+def exec_(
+    n: Annotated[int, typer.Option("--n", help="Number of timed execs.")] = 200,
+    image: ImageOpt = DEFAULT_IMAGE,
+    engine: Annotated[
+        bool, typer.Option("--engine/--no-engine", help="Also time the engine's own exec_run (local only).")
+    ] = True,
+    docker_host: Annotated[str | None, typer.Option("--docker-host", help="Engine socket.")] = None,
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Exec round trip of `true`, beside the engine's exec_run, plus the agent's memory."""
+    engine_url = None
+    if engine:
+        from orchard_env.orchestrator.backends.docker_engine import find_engine
+
+        engine_url = find_engine(docker_host)
+    with connect(url, api_key, context) as client, err.status("exec benchmark") as status:
+        result = bench_exec(client, image=image, n=n, engine_url=engine_url, progress=status.update)
+    _emit(result, json_)
+
+
+@app.command()
+def create(
+    n: Annotated[int, typer.Option("--n", help="Number of sandboxes, one after another.")] = 10,
+    image: ImageOpt = DEFAULT_IMAGE,
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Create to first successful exec, image present."""
+    with connect(url, api_key, context) as client, err.status("create benchmark") as status:
+        result = bench_create(client, image=image, n=n, progress=status.update)
+    _emit(result, json_)
+
+
+@app.command()
+def launch(
+    n: Annotated[int, typer.Option("--n", help="Sandboxes created concurrently.")] = 100,
+    image: ImageOpt = DEFAULT_IMAGE,
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """n sandboxes at once, 4 commands each: total time, commands/s, success rate."""
+    settings = client_settings(url, api_key, context)
+
+    def make_client() -> AsyncSandboxClient:
+        return AsyncSandboxClient(base_url=settings.url, api_key=settings.api_key, timeout=600)
+
+    with err.status("launch benchmark") as status:
+        result = bench_launch(make_client, image=image, n=n, progress=status.update)
+    _emit(result, json_)

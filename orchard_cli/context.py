@@ -1,0 +1,53 @@
+"""`orchard context …`: named connections in ~/.config/orchard/config.toml."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from orchard_cli.console import JsonOpt, err, out, print_json
+from orchard_env import config
+from orchard_env.errors import ConfigError
+
+app = typer.Typer(help="Named connections to Orchard services (like kubectl contexts).", no_args_is_help=True)
+
+
+def _redacted(values: dict[str, object]) -> dict[str, object]:
+    return {k: ("***" if k == "api_key" and v else v) for k, v in values.items()}
+
+
+@app.command("list")
+def list_(json_: JsonOpt = False) -> None:
+    """List contexts; the current one is marked."""
+    data = config.load_config_file()
+    current = data.get("current_context")
+    contexts = data.get("contexts", {})
+    if json_:
+        print_json({"current": current, "contexts": {n: _redacted(v) for n, v in contexts.items()}})
+        return
+    table = Table("", "NAME", "URL", "TARGET")
+    for name, values in sorted(contexts.items()):
+        table.add_row("*" if name == current else "", name, values.get("url", ""), values.get("target", ""))
+    out.print(table)
+
+
+@app.command()
+def use(name: Annotated[str, typer.Argument(help="Context name.")]) -> None:
+    """Make a context the current one."""
+    data = config.load_config_file()
+    if name not in data.get("contexts", {}):
+        raise ConfigError(f"no context named {name!r}", hint="`orchard context list` shows them")
+    data["current_context"] = name
+    config.save_config_file(data)
+    err.print(f"Current context: {name}")
+
+
+@app.command()
+def show(name: Annotated[str | None, typer.Argument(help="Context (default: current).")] = None) -> None:
+    """Show a context (the key is redacted)."""
+    chosen, values = config.active_context(config.load_config_file(), name)
+    if chosen is None:
+        raise ConfigError("no current context", hint="`orchard up` creates one")
+    print_json({"name": chosen, **_redacted(values)})

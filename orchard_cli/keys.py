@@ -1,0 +1,69 @@
+"""`orchard keys …`: API keys (admin only)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from orchard_cli.console import ApiKeyOpt, ContextOpt, JsonOpt, UrlOpt, connect, err, out, print_json
+
+app = typer.Typer(help="Create, list and revoke API keys (needs an admin key).", no_args_is_help=True)
+
+
+@app.command()
+def create(
+    name: Annotated[str, typer.Argument(help="A name for the key, e.g. who uses it.")],
+    admin: Annotated[bool, typer.Option("--admin", help="May manage keys and see every sandbox.")] = False,
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Create a key. Its secret is printed once, to stdout; store it now."""
+    with connect(url, api_key, context) as client:
+        created = client.create_key(name, admin=admin)
+    if json_:
+        print_json(created)
+    else:
+        out.print(created.api_key)
+        err.print(f"Created key {created.key_id} ({created.name}). The secret above is not shown again.")
+
+
+@app.command("list")
+def list_(
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """List keys (never their secrets)."""
+    with connect(url, api_key, context) as client:
+        keys = client.list_keys()
+    if json_:
+        print_json(keys)
+        return
+    table = Table("KEY ID", "NAME", "ADMIN", "CREATED", "REVOKED")
+    for key in keys:
+        table.add_row(
+            key.key_id,
+            key.name,
+            "yes" if key.admin else "",
+            key.created_at.strftime("%Y-%m-%d %H:%M"),
+            key.revoked_at.strftime("%Y-%m-%d %H:%M") if key.revoked_at else "",
+        )
+    out.print(table)
+
+
+@app.command()
+def revoke(
+    key_id: Annotated[str, typer.Argument(help="The key id (from `orchard keys list`).")],
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Revoke a key: requests with it are refused from now on."""
+    with connect(url, api_key, context) as client:
+        client.revoke_key(key_id)
+    err.print(f"Revoked {key_id}.")

@@ -1,0 +1,314 @@
+"""`orchard sandbox …`: create, list, get, exec, shell, cp, ls, patch, rm."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from orchard_cli.console import (
+    ApiKeyOpt,
+    ContextOpt,
+    JsonOpt,
+    UrlOpt,
+    YesOpt,
+    confirm,
+    connect,
+    err,
+    out,
+    print_json,
+)
+from orchard_env.errors import InvalidRequest
+from orchard_env.protocol import SandboxInfo
+from orchard_env.smoke import DEFAULT_IMAGE
+
+app = typer.Typer(help="Create, drive and delete sandboxes.", no_args_is_help=True)
+
+IdArg = Annotated[str, typer.Argument(help="Sandbox id.", show_default=False)]
+LabelOpt = Annotated[
+    list[str] | None, typer.Option("--label", "-l", help="Label KEY=VALUE (repeatable).")
+]
+EnvOpt = Annotated[list[str] | None, typer.Option("--env", "-e", help="Variable KEY=VALUE (repeatable).")]
+
+
+def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidRequest(f"{what} {item!r} is not KEY=VALUE", hint=f"for example --{what} team=rl")
+        pairs[key] = value
+    return pairs
+
+
+def _table(sandboxes: list[SandboxInfo]) -> Table:
+    table = Table("ID", "STATUS", "IMAGE", "CPU", "MEMORY", "NETWORK", "LABELS", "CREATED")
+    for sb in sandboxes:
+        table.add_row(
+            sb.sandbox_id,
+            sb.status.value,
+            sb.image,
+            sb.cpu,
+            sb.memory,
+            "blocked" if sb.block_network else "open",
+            ",".join(f"{k}={v}" for k, v in sb.labels.items()),
+            sb.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+    return table
+
+
+@app.command()
+def create(
+    image: Annotated[str, typer.Option("--image", "-i", help="Container image.")] = DEFAULT_IMAGE,
+    sandbox_id: Annotated[str | None, typer.Option("--id", help="Sandbox id (DNS label).")] = None,
+    cpu: Annotated[str | None, typer.Option("--cpu", help="CPU cores, e.g. 2 or 500m.")] = None,
+    memory: Annotated[str | None, typer.Option("--memory", help="Memory, e.g. 2Gi.")] = None,
+    network: Annotated[bool, typer.Option("--network/--no-network", help="Allow outbound network.")] = False,
+    label: LabelOpt = None,
+    env: EnvOpt = None,
+    workdir: Annotated[str | None, typer.Option("--workdir", help="Working directory.")] = None,
+    ttl: Annotated[int | None, typer.Option("--ttl", help="Lifetime cap in seconds.")] = None,
+    idle_timeout: Annotated[int | None, typer.Option("--idle-timeout", help="Idle expiry in seconds.")] = None,
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Create a sandbox, wait until it is ready and print its id."""
+    with connect(url, api_key, context) as client, err.status(f"creating a sandbox from {image}"):
+        sb = client.create_sandbox(
+            image,
+            block_network=not network,
+            sandbox_id=sandbox_id,
+            cpu=cpu,
+            memory=memory,
+            labels=_pairs(label, "label"),
+            env=_pairs(env, "env"),
+            workdir=workdir,
+            ttl_seconds=ttl,
+            idle_timeout_seconds=idle_timeout,
+        )
+    if json_:
+        print_json(sb.info)
+    else:
+        out.print(sb.sandbox_id)
+
+
+@app.command("list")
+def list_(
+    label: LabelOpt = None,
+    status: Annotated[str | None, typer.Option("--status", help="Only this status.")] = None,
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """List sandboxes, filtered by label and status."""
+    with connect(url, api_key, context) as client:
+        sandboxes = client.list_sandboxes(labels=_pairs(label, "label") or None, status=status)
+    if json_:
+        print_json(sandboxes)
+    else:
+        out.print(_table(sandboxes))
+
+
+@app.command()
+def get(
+    sandbox_id: IdArg,
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Show one sandbox."""
+    with connect(url, api_key, context) as client:
+        info = client.get_sandbox(sandbox_id).info
+    if json_:
+        print_json(info)
+        return
+    table = Table(show_header=False, box=None)
+    for key, value in info.model_dump(mode="json").items():
+        table.add_row(key, "" if value is None else str(value))
+    out.print(table)
+
+
+@app.command("exec", context_settings={"allow_interspersed_args": False})
+def exec_(
+    sandbox_id: IdArg,
+    command: Annotated[
+        list[str],
+        typer.Argument(help="One string runs in a shell; several words run as argv (use -- first)."),
+    ],
+    cwd: Annotated[str | None, typer.Option("--cwd", "-w", help="Working directory.")] = None,
+    env: EnvOpt = None,
+    timeout: Annotated[int, typer.Option("--timeout", "-t", help="Seconds before the command is killed.")] = 300,
+    login: Annotated[bool, typer.Option("--login", help="Run in a login shell.")] = False,
+    stdin: Annotated[
+        bool, typer.Option("--stdin", "-s", help="Send this command's standard input to the command.")
+    ] = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Run a command, stream its output, and exit with its exit code (124 on timeout)."""
+    argv: str | list[str] = command[0] if len(command) == 1 else command
+    data = sys.stdin.buffer.read() if stdin else None
+    with connect(url, api_key, context) as client:
+        sandbox = client.get_sandbox(sandbox_id)
+        final = None
+        for event in sandbox.exec_stream(
+            argv, cwd=cwd, env=_pairs(env, "env"), timeout=timeout, login_shell=login, stdin=data
+        ):
+            if event.event == "stdout" and event.data:
+                sys.stdout.write(event.data)
+                sys.stdout.flush()
+            elif event.event == "stderr" and event.data:
+                sys.stderr.write(event.data)
+                sys.stderr.flush()
+            elif event.event == "exit":
+                final = event.job
+    if final is None:
+        err.print("[red]The output stream ended without an exit status.[/]")
+        raise typer.Exit(1)
+    if final.truncated:
+        err.print("[yellow]Output was truncated at the service's cap.[/]")
+    if final.timed_out:
+        err.print(f"[red]Timed out after {timeout} s.[/]")
+        raise typer.Exit(124)
+    if final.error:
+        err.print(f"[red]{final.error}[/]")
+    raise typer.Exit(final.exit_code if final.exit_code is not None else 1)
+
+
+@app.command()
+def shell(
+    sandbox_id: IdArg,
+    cmd: Annotated[list[str] | None, typer.Argument(help="Program to run (default: bash, else sh).")] = None,
+    login: Annotated[bool, typer.Option("--login/--no-login", help="Login shell.")] = True,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Open an interactive terminal in a sandbox."""
+    from orchard_cli.terminal import run_interactive
+
+    with connect(url, api_key, context) as client:
+        code = run_interactive(client.get_sandbox(sandbox_id), cmd, login_shell=login)
+    raise typer.Exit(code)
+
+
+def _split_remote(spec: str) -> tuple[str | None, str]:
+    sandbox_id, sep, path = spec.partition(":")
+    if sep and sandbox_id and "/" not in sandbox_id:
+        return sandbox_id, path
+    return None, spec
+
+
+@app.command()
+def cp(
+    source: Annotated[str, typer.Argument(help="LOCAL_PATH or SANDBOX:PATH ('-' is stdin/stdout).")],
+    dest: Annotated[str, typer.Argument(help="LOCAL_PATH or SANDBOX:PATH.")],
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Copy a file into or out of a sandbox (binary-safe, streamed)."""
+    src_id, src_path = _split_remote(source)
+    dst_id, dst_path = _split_remote(dest)
+    if (src_id is None) == (dst_id is None):
+        raise InvalidRequest(
+            "exactly one side of cp must be SANDBOX:PATH",
+            hint="orchard sandbox cp ./file.py sb-123:/workspace/file.py",
+        )
+    with connect(url, api_key, context) as client:
+        if dst_id is not None:
+            sandbox = client.get_sandbox(dst_id)
+            if src_path == "-":
+                sandbox.upload_content(sys.stdin.buffer.read(), dst_path)
+            else:
+                local = Path(src_path)
+                if not local.is_file():
+                    raise InvalidRequest(f"{src_path} is not a file", hint="cp copies single files")
+                sandbox.upload_file(local, dst_path)
+        else:
+            assert src_id is not None
+            sandbox = client.get_sandbox(src_id)
+            if dst_path == "-":
+                sys.stdout.buffer.write(sandbox.download_content(src_path))
+            else:
+                target = Path(dst_path)
+                if target.is_dir():
+                    target = target / Path(src_path).name
+                sandbox.download_file(src_path, target)
+
+
+@app.command()
+def ls(
+    sandbox_id: IdArg,
+    path: Annotated[str, typer.Argument(help="Directory in the sandbox.")] = "/workspace",
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """List a directory in a sandbox."""
+    with connect(url, api_key, context) as client:
+        entries = client.get_sandbox(sandbox_id).list_files(path)
+    if json_:
+        print_json(entries)
+        return
+    table = Table("TYPE", "SIZE", "MODIFIED", "NAME", box=None)
+    for entry in entries:
+        table.add_row(entry.type, str(entry.size), entry.modified.strftime("%Y-%m-%d %H:%M"), entry.name)
+    out.print(table)
+
+
+@app.command()
+def patch(
+    sandbox_id: IdArg,
+    patch_file: Annotated[str, typer.Argument(help="Unified diff file, or '-' for stdin.")],
+    cwd: Annotated[str | None, typer.Option("--cwd", help="Directory to apply in.")] = None,
+    check: Annotated[bool, typer.Option("--check", help="Only check that it applies.")] = False,
+    three_way: Annotated[bool, typer.Option("--3way", help="Fall back to a three-way merge.")] = False,
+    reverse: Annotated[bool, typer.Option("--reverse", "-R", help="Apply in reverse.")] = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Apply a patch with git apply inside the sandbox."""
+    text = sys.stdin.read() if patch_file == "-" else Path(patch_file).read_text()
+    with connect(url, api_key, context) as client:
+        result = client.get_sandbox(sandbox_id).apply_patch(
+            text, cwd=cwd, check=check, three_way=three_way, reverse=reverse
+        )
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    if not result.success:
+        err.print(f"[red]Patch failed:[/] {result.error or 'git apply exited ' + str(result.exit_code)}")
+        raise typer.Exit(1)
+
+
+@app.command()
+def rm(
+    sandbox_ids: Annotated[list[str] | None, typer.Argument(help="Sandbox ids.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Delete every sandbox matching --label.")] = False,
+    label: LabelOpt = None,
+    yes: YesOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Delete sandboxes (their containers and directories)."""
+    with connect(url, api_key, context) as client:
+        ids = list(sandbox_ids or [])
+        if all_:
+            ids += [sb.sandbox_id for sb in client.list_sandboxes(labels=_pairs(label, "label") or None)]
+            confirm(f"Delete {len(ids)} sandbox(es)?", yes=yes)
+        if not ids:
+            raise InvalidRequest("no sandbox given", hint="orchard sandbox rm <id>… or --all [--label k=v]")
+        for sandbox_id in ids:
+            client.delete_sandbox(sandbox_id)
+            err.print(f"deleted {sandbox_id}")

@@ -1,0 +1,257 @@
+"""`orchard bench …`: latency and throughput measured through the public API.
+
+Every benchmark measures a baseline in the same run where one exists (the engine's own
+``exec_run`` for exec; fresh creates beside forks), because this machine is shared and
+noisy: ratios travel, absolute numbers do not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchard_env.sdk import AsyncSandboxClient, SandboxClient
+
+Progress = Callable[[str], None]
+
+# Finds the agent's processes without matching the shell that searches for them.
+_AGENT_PSS = (
+    "for p in /proc/[0-9]*; do "
+    "if grep -q 'agent/serve[r]' $p/cmdline 2>/dev/null; then "
+    "echo ${p#/proc/} $(grep '^Pss:' $p/smaps_rollup | tr -s ' ' | cut -d' ' -f2) "
+    "$(grep '^VmRSS:' $p/status | tr -s ' ' | cut -d' ' -f2); fi; done"
+)
+
+
+@dataclass(frozen=True)
+class Stats:
+    n: int
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Stats:
+        if not samples:
+            raise ValueError("no samples")
+        ordered = sorted(samples)
+
+        def pct(q: float) -> float:
+            if len(ordered) == 1:
+                return ordered[0]
+            pos = q * (len(ordered) - 1)
+            low = int(pos)
+            high = min(low + 1, len(ordered) - 1)
+            return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+        return cls(
+            n=len(ordered),
+            mean=statistics.fmean(ordered),
+            p50=pct(0.50),
+            p90=pct(0.90),
+            p99=pct(0.99),
+            min=ordered[0],
+            max=ordered[-1],
+        )
+
+    def ms(self) -> dict[str, float]:
+        return {k: round(v * 1000, 2) for k, v in asdict(self).items() if k != "n"}
+
+
+@dataclass
+class BenchResult:
+    name: str
+    params: dict[str, Any]
+    stats: dict[str, Stats] = field(default_factory=dict)
+    figures: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "params": self.params,
+            "stats_ms": {k: {"n": v.n, **v.ms()} for k, v in self.stats.items()},
+            "figures": self.figures,
+        }
+
+    def markdown(self) -> str:
+        lines = [f"### {self.name}", ""]
+        lines.append("Parameters: " + ", ".join(f"{k}={v}" for k, v in self.params.items()))
+        lines.append("")
+        if self.stats:
+            lines.append("| measure | n | p50 ms | p90 ms | p99 ms | mean ms | min ms | max ms |")
+            lines.append("|---|---|---|---|---|---|---|---|")
+            for key, st in self.stats.items():
+                ms = st.ms()
+                lines.append(
+                    f"| {key} | {st.n} | {ms['p50']} | {ms['p90']} | {ms['p99']} | {ms['mean']} "
+                    f"| {ms['min']} | {ms['max']} |"
+                )
+            lines.append("")
+        for key, value in self.figures.items():
+            lines.append(f"- {key}: {value:g}")
+        return "\n".join(lines) + "\n"
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def bench_exec(
+    client: SandboxClient,
+    *,
+    image: str,
+    n: int = 200,
+    engine_url: str | None = None,
+    progress: Progress = lambda _m: None,
+) -> BenchResult:
+    """`true` through SDK → orchestrator → agent, beside the engine's own exec_run."""
+    result = BenchResult("exec round trip", {"image": image, "n": n, "command": "['true']"})
+    progress("creating a sandbox")
+    with client.create_sandbox(image) as sandbox:
+        for _ in range(10):
+            sandbox.exec(["true"], check=True)
+        progress(f"timing {n} execs through Orchard")
+        samples = [_timed(lambda: sandbox.exec(["true"], check=True)) for _ in range(n)]
+        result.stats["orchard exec"] = Stats.of(samples)
+        if engine_url is not None:
+            progress(f"timing {n} execs through the engine's exec_run")
+            engine = _engine_samples(engine_url, sandbox.sandbox_id, n)
+            result.stats["engine exec_run"] = Stats.of(engine)
+            result.figures["ratio p50 (orchard / engine)"] = round(
+                result.stats["orchard exec"].p50 / result.stats["engine exec_run"].p50, 4
+            )
+        memory = _agent_memory(sandbox.exec(["/bin/sh", "-c", _AGENT_PSS]).stdout)
+        result.figures.update(memory)
+    return result
+
+
+def _engine_samples(engine_url: str, sandbox_id: str, n: int) -> list[float]:
+    import docker
+
+    engine = docker.DockerClient(base_url=engine_url)
+    try:
+        (container,) = engine.containers.list(filters={"label": f"orchard.sandbox-id={sandbox_id}"})
+        for _ in range(3):
+            container.exec_run(["true"])
+        return [_timed(lambda: container.exec_run(["true"])) for _ in range(n)]
+    finally:
+        engine.close()
+
+
+def _agent_memory(listing: str) -> dict[str, float]:
+    """Sum the agent processes' PSS (their real share of memory) and RSS, in MB."""
+    pss = rss = 0.0
+    count = 0
+    for line in listing.splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            count += 1
+            pss += float(parts[1]) / 1024
+            rss += float(parts[2]) / 1024
+    if not count:
+        return {}
+    return {"agent processes": count, "agent PSS MB": round(pss, 1), "agent RSS MB (sum)": round(rss, 1)}
+
+
+def bench_create(
+    client: SandboxClient, *, image: str, n: int = 10, progress: Progress = lambda _m: None
+) -> BenchResult:
+    """Create → first successful exec, one sandbox at a time, image present."""
+    result = BenchResult("create to first exec", {"image": image, "n": n})
+    samples = []
+    for i in range(n):
+        progress(f"sandbox {i + 1}/{n}")
+        started = time.perf_counter()
+        sandbox = client.create_sandbox(image)
+        sandbox.exec(["true"], check=True)
+        samples.append(time.perf_counter() - started)
+        sandbox.delete()
+    result.stats["create + first exec"] = Stats.of(samples)
+    return result
+
+
+LAUNCH_COMMANDS: tuple[str | list[str], ...] = (
+    ["uname", "-a"],
+    "ls /",
+    "head -n 3 /etc/os-release",
+    "echo $HOME",
+)
+
+
+def bench_launch(
+    make_client: Callable[[], AsyncSandboxClient],
+    *,
+    image: str,
+    n: int = 100,
+    progress: Progress = lambda _m: None,
+) -> BenchResult:
+    """n sandboxes created concurrently, each running 4 commands, then deleted."""
+
+    async def run() -> BenchResult:
+        async with make_client() as client:
+            return await _launch(client, image=image, n=n, progress=progress)
+
+    return asyncio.run(run())
+
+
+async def _launch(client: AsyncSandboxClient, *, image: str, n: int, progress: Progress) -> BenchResult:
+    result = BenchResult(
+        "concurrent launch", {"image": image, "sandboxes": n, "commands each": len(LAUNCH_COMMANDS)}
+    )
+    creates: list[float] = []
+    execs: list[float] = []
+    failures: list[str] = []
+    done = 0
+
+    async def one(i: int) -> int:
+        nonlocal done
+        started = time.perf_counter()
+        try:
+            sandbox = await client.create_sandbox(image, labels={"bench": "launch"})
+        except Exception as exc:  # a failed create is a data point, not a crash
+            failures.append(f"create {i}: {exc}")
+            return 0
+        creates.append(time.perf_counter() - started)
+        ok = 0
+        try:
+            for command in LAUNCH_COMMANDS:
+                t0 = time.perf_counter()
+                run = await sandbox.exec(command)
+                execs.append(time.perf_counter() - t0)
+                if run.exit_code == 0:
+                    ok += 1
+                else:
+                    failures.append(f"exec {i} {command!r}: exit {run.exit_code}")
+        finally:
+            await sandbox.delete()
+            done += 1
+            progress(f"{done}/{n} sandboxes done")
+        return ok
+
+    started = time.perf_counter()
+    oks = await asyncio.gather(*(one(i) for i in range(n)))
+    total = time.perf_counter() - started
+    commands = sum(oks)
+    result.stats["create (concurrent)"] = Stats.of(creates) if creates else Stats.of([float("nan")])
+    if execs:
+        result.stats["exec (under load)"] = Stats.of(execs)
+    result.figures.update(
+        {
+            "total seconds": round(total, 2),
+            "sandboxes succeeded": len(creates),
+            "success %": round(100 * len(creates) / n, 1),
+            "commands succeeded": commands,
+            "commands per second": round(commands / total, 1),
+        }
+    )
+    result.params["failures"] = failures[:5]
+    return result

@@ -1,0 +1,1 @@
+"""Standing up Orchard: on this machine (local engine) or on a Kubernetes cluster."""

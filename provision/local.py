@@ -1,0 +1,265 @@
+"""The embedded default: Orchard on this machine's container engine.
+
+The four stages of `orchard up` map onto one machine as: provision = find and check the
+engine; images = the agent bundle and the default sandbox image (built locally from Debian
+packages, so no registry is needed); deploy = the orchestrator as a background service
+(pid file, log file, state under the state dir) plus an admin key and a CLI context;
+smoke = `orchard smoke` against it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchard_env import config
+from orchard_env.config import ServiceSettings
+from orchard_env.errors import OrchardError
+from orchard_env.sdk import SandboxClient
+from provision.base import Progress, ServiceStatus, StageResult, UpResult
+
+DEFAULT_CONTEXT = "local"
+
+
+@dataclass(frozen=True)
+class LocalPaths:
+    state_dir: Path
+
+    @property
+    def pid_file(self) -> Path:
+        return self.state_dir / "orchard.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.state_dir / "orchard.log"
+
+    @property
+    def bundle_cache(self) -> Path:
+        return self.state_dir / "bundle"
+
+
+def _pid_alive(pid: int) -> bool:
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our own child that has exited
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_pid(paths: LocalPaths) -> int | None:
+    try:
+        pid = int(paths.pid_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    return pid if _pid_alive(pid) else None
+
+
+def _service_env(settings: ServiceSettings) -> dict[str, str]:
+    """The child's environment: every resolved setting passed explicitly as ORCHARD_*."""
+    env = dict(os.environ)
+    for key, value in vars(settings).items():
+        if value is not None:
+            env["ORCHARD_" + key.upper()] = str(value)
+    return env
+
+
+class LocalProvider:
+    target = "local"
+
+    def __init__(self, settings: ServiceSettings, *, context: str = DEFAULT_CONTEXT) -> None:
+        self.settings = settings
+        self.context = context
+        self.paths = LocalPaths(settings.state_dir)
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.settings.host in ("0.0.0.0", "::") else self.settings.host
+        return f"http://{host}:{self.settings.port}"
+
+    # --- stages ------------------------------------------------------------------------
+
+    def provision(self, progress: Progress) -> StageResult:
+        from orchard_env.orchestrator.backends.docker_engine import find_engine
+
+        progress("looking for a container engine")
+        engine = find_engine(self.settings.docker_host)
+        return StageResult("provision", f"container engine at {engine}")
+
+    def images(self, progress: Progress) -> StageResult:
+        import docker
+
+        from images.local import SANDBOX_IMAGE, ensure_sandbox_image
+        from orchard_env.agent.bundle import ensure_bundle
+        from orchard_env.orchestrator.backends.docker_engine import find_engine
+
+        progress("building the agent bundle")
+        bundle = ensure_bundle(self.paths.bundle_cache)
+        client = docker.DockerClient(base_url=find_engine(self.settings.docker_host))
+        try:
+            present = bool(client.images.list(name=SANDBOX_IMAGE))
+            if not present:
+                progress(f"building {SANDBOX_IMAGE} from Debian packages (first run: a few minutes)")
+            image = ensure_sandbox_image(client, progress=progress)
+        finally:
+            client.close()
+        how = "present" if present else "built locally from Debian packages (no registry needed)"
+        return StageResult("images", f"agent bundle {bundle.name}; sandbox image {image} {how}")
+
+    def deploy(self, progress: Progress) -> StageResult:
+        api_key = self._admin_key(progress)
+        pid = _read_pid(self.paths)
+        skipped = pid is not None and self._healthy(api_key)
+        if not skipped:
+            if pid is not None:
+                self._stop_process(pid, progress)
+            pid = self._start_process(progress)
+        config.write_context(
+            self.context,
+            {"url": self.url, "api_key": api_key, "target": "local",
+             "state_dir": str(self.settings.state_dir)},
+        )
+        verb = "already running" if skipped else "started"
+        return StageResult(
+            "deploy", f"orchestrator {verb} at {self.url} (pid {pid}); context {self.context!r}",
+            skipped=skipped,
+        )
+
+    def smoke(self, progress: Progress) -> StageResult:
+        from orchard_env.smoke import run_smoke
+
+        progress("running the smoke test")
+        with SandboxClient(base_url=self.url, context=self.context) as client:
+            report = run_smoke(client)
+        if not report.ok:
+            failed = ", ".join(step.name for step in report.failed)
+            raise OrchardError(
+                f"smoke test failed: {failed}",
+                hint=f"`orchard smoke --context {self.context}` shows each check; "
+                f"the service log is {self.paths.log_file}",
+            )
+        return StageResult("smoke", f"{len(report.steps)} checks passed in {report.seconds:.1f} s")
+
+    # --- provider API -------------------------------------------------------------------
+
+    def up(self, progress: Progress, *, smoke: bool = True) -> UpResult:
+        result = UpResult(url=self.url, context=self.context)
+        stages = [self.provision, self.images, self.deploy] + ([self.smoke] if smoke else [])
+        for stage in stages:
+            result.stages.append(stage(progress))
+        return result
+
+    def down(self, progress: Progress) -> None:
+        pid = _read_pid(self.paths)
+        if pid is not None:
+            self._stop_process(pid, progress)
+        progress("removing this instance's sandboxes")
+        removed = asyncio.run(self._remove_sandboxes())
+        if removed:
+            progress(f"removed {removed} sandbox container(s)")
+        config.remove_context(self.context)
+
+    async def _remove_sandboxes(self) -> int:
+        """Delete every container of this instance, with or without a running service."""
+        from orchard_env.orchestrator.backends.docker_engine import DockerEngineBackend
+
+        backend = DockerEngineBackend(self.settings, bundle_dir=self.paths.bundle_cache)
+        try:
+            sandboxes = await backend.list()
+            await asyncio.gather(*(backend.delete(sb.sandbox_id) for sb in sandboxes))
+        finally:
+            await backend.close()
+        return len(sandboxes)
+
+    def status(self) -> ServiceStatus:
+        pid = _read_pid(self.paths)
+        detail = {"state_dir": str(self.settings.state_dir), "log": str(self.paths.log_file)}
+        if pid is None:
+            return ServiceStatus("local", False, None, detail)
+        detail["pid"] = str(pid)
+        try:
+            with SandboxClient(base_url=self.url, context=self.context, retries=0) as client:
+                health = client.health()
+                detail["sandboxes"] = str(len(client.list_sandboxes()))
+        except OrchardError as exc:
+            detail["error"] = exc.message
+            return ServiceStatus("local", False, self.url, detail)
+        detail["backend"] = health.backend
+        detail["version"] = health.version
+        return ServiceStatus("local", True, self.url, detail)
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _admin_key(self, progress: Progress) -> str:
+        """The context's admin key if the service's store knows it, else a new one."""
+        from orchard_env.orchestrator.keys import create_key_sync, key_is_valid_sync
+
+        with contextlib.suppress(OrchardError):
+            _, values = config.active_context(config.load_config_file(), self.context)
+            existing = values.get("api_key")
+            if existing and key_is_valid_sync(self.settings, existing, admin=True):
+                return str(existing)
+        progress("creating an admin API key")
+        created = create_key_sync(self.settings, name=f"{self.context}-admin", admin=True)
+        return created.api_key
+
+    def _healthy(self, api_key: str) -> bool:
+        try:
+            with SandboxClient(base_url=self.url, api_key=api_key, retries=0) as client:
+                client.health()
+        except OrchardError:
+            return False
+        return True
+
+    def _start_process(self, progress: Progress) -> int:
+        self.paths.state_dir.mkdir(parents=True, exist_ok=True)
+        progress(f"starting the orchestrator (log: {self.paths.log_file})")
+        log = self.paths.log_file.open("ab")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "orchard_env.orchestrator"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_service_env(self.settings),
+            start_new_session=True,
+        )
+        log.close()
+        self.paths.pid_file.write_text(f"{process.pid}\n")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                tail = self.paths.log_file.read_text(errors="replace")[-2000:]
+                raise OrchardError(
+                    f"the orchestrator exited with code {process.returncode} at start:\n{tail}",
+                    hint=f"the whole log is {self.paths.log_file}",
+                )
+            if self._healthy(""):
+                return process.pid
+            time.sleep(0.2)
+        raise OrchardError(
+            f"the orchestrator did not answer on {self.url} within 60 s",
+            hint=f"see {self.paths.log_file}",
+        )
+
+    def _stop_process(self, pid: int, progress: Progress) -> None:
+        progress(f"stopping the orchestrator (pid {pid})")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.paths.pid_file.unlink(missing_ok=True)
