@@ -1,0 +1,1 @@
+"""Container images Orchard uses: one folder per image definition, and the code to build them."""

@@ -1,0 +1,1 @@
+"""The default sandbox image: Debian bookworm (minbase) plus the packages in packages.txt."""
