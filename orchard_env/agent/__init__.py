@@ -1,0 +1,59 @@
+"""The in-sandbox agent: ``server.py`` (stdlib only), its relocatable bundle, and the client.
+
+The orchestrator reaches each sandbox's agent directly (never through ``docker exec`` or the
+Kubernetes exec API): locally on a unix socket in a bind-mounted per-sandbox directory
+(``/run/orchard/agent.sock`` inside), on Kubernetes over TCP in the pod.
+
+Agent wire protocol (HTTP/1.1, keep-alive; request bodies with Content-Length or chunked):
+
+Auth
+    Every request except ``GET /health`` carries ``Authorization: Bearer <token>`` (the
+    per-sandbox secret in the agent's ``ORCHARD_AGENT_TOKEN``); otherwise 401.
+
+Errors
+    JSON ``{"code", "message"}`` with the status of the code: ``invalid_request`` 400,
+    ``unauthenticated`` 401, ``file_not_found``/``job_not_found``/``not_found`` 404,
+    ``conflict`` 409, ``internal`` 500. The client raises the :mod:`orchard_env.errors` class
+    registered for the code.
+
+Routes
+    ``GET /health`` -> ``{"status": "ok", "pid", "version"}``
+
+    ``POST /exec`` ``{job_id, command, cwd?, env?, timeout?, login_shell?, stdin?,
+    max_output_bytes?}`` -> 200 ``application/x-ndjson``, chunked, one event per line while
+    the command runs:
+
+    * ``{"t": "o", "d": <base64 stdout chunk>}`` / ``{"t": "e", "d": <base64 stderr chunk>}``
+    * last: ``{"t": "x", "exit_code": int|null, "signal": int|null, "timed_out": bool,
+      "cancelled": bool, "truncated": bool, "error": str|null, "duration": float}``
+
+    A string ``command`` runs as ``/bin/sh -c``, a list as an argv; ``login_shell`` uses
+    ``bash -l -c`` (``sh -l -c`` without bash). Each command gets its own session; a timeout
+    or cancel SIGKILLs exactly its process group. Output past ``max_output_bytes`` per stream
+    is read and dropped (``truncated``). A missing ``cwd`` is a 400; a missing binary ends
+    with exit code 127 and ``error`` naming it. The agent environment reaches the command
+    without the agent's own variables, plus ``env``.
+
+    Idempotency: a ``job_id`` the agent knows (running, or finished within the last hour) is
+    never run again: the same request attaches, replaying the output from the start, then
+    live output, then the exit event (409 ``conflict`` if the command differs).
+
+    ``GET /exec/{job_id}`` attaches (same stream); ``POST /exec/{job_id}/cancel`` ->
+    ``{"job_id", "cancelled": bool}`` (false when it had already finished).
+
+    ``GET /files?path=`` raw bytes (404 missing, 400 directory); ``PUT /files?path=&mode=0644``
+    raw body, written to a temporary file beside the target and renamed (parents created) ->
+    ``{"path", "size"}``; ``GET /files/list?path=`` -> ``[{name, type: file|directory|
+    symlink|other, size, modified (ISO 8601 UTC)}]`` sorted, from ``lstat``;
+    ``DELETE /files?path=&recursive=false`` -> ``{"deleted"}`` (409 for a non-empty directory
+    without ``recursive``); ``POST /files/mkdir?path=&parents=true`` -> ``{"path"}``.
+    Relative paths resolve against the sandbox workdir (``ORCHARD_AGENT_WORKDIR``).
+
+    ``GET /pty`` WebSocket (text frames, upstream's JSON protocol): the client sends
+    ``{"type": "init", "cmd", "env", "cwd", "rows", "cols", "login_shell"}`` within 10 s
+    (else close 4400), then ``stdin{data}``, ``signal{sig: TERM|KILL|INT|HUP|QUIT}``,
+    ``resize{rows, cols}``, ``close``; the agent sends ``ready{pid}``, ``stdout{data}``
+    (base64, up to 64 KiB raw per frame), ``exit{code}`` (negative: killed by that signal),
+    ``error{message}`` (a failed spawn closes with 4500). Disconnecting kills the session's
+    process group.
+"""

@@ -1,0 +1,418 @@
+"""The relocatable agent bundle: a Python interpreter, its pruned stdlib, every shared library
+it needs (the dynamic loader and libc included) and ``server.py``, in one folder.
+
+Mounted read-only into any sandbox (``BUNDLE_MOUNT``), it runs the agent without touching the
+image's own PATH, libc or Python, and without Python or bash in the image at all::
+
+    <mount>/lib/ld-linux-x86-64.so.2 --inhibit-cache --library-path <mount>/lib \\
+        <mount>/bin/python3 -I -S <mount>/agent/server.py --listen unix:/run/orchard/agent.sock
+
+Layout: ``bin/python3``, ``lib/`` (shared libraries and the loader), ``lib/python3.X/`` (the
+stdlib, ``lib-dynload`` inside), ``agent/server.py``, ``bundle.json`` (what it was built from).
+
+The interpreter finds its stdlib by itself: it looks for ``lib/python3.X/os.py`` next to its
+own ``bin/`` (Python's landmark search), so no ``PYTHONHOME`` or ``LD_LIBRARY_PATH`` is set
+and nothing of the bundle can leak into the commands the agent runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import TypedDict
+
+from orchard_env import errors
+
+BUNDLE_MOUNT = "/opt/orchard-agent"
+RUN_DIR_MOUNT = "/run/orchard"
+SOCKET_NAME = "agent.sock"
+DEFAULT_PYTHON = Path("/usr/bin/python3.11")
+MIN_PYTHON = (3, 11)
+BUNDLE_FORMAT = 1  # bump when the layout or the pruning changes: ensure_bundle rebuilds
+SERVER_SOURCE = Path(__file__).with_name("server.py")
+MANIFEST = "bundle.json"
+
+LOADERS = {"x86_64": "ld-linux-x86-64.so.2", "aarch64": "ld-linux-aarch64.so.1"}
+# Stdlib directories (at any depth) the agent never needs.
+PRUNE_DIRS = frozenset(
+    {
+        "test",
+        "tests",
+        "idle_test",
+        "idlelib",
+        "tkinter",
+        "turtledemo",
+        "ensurepip",
+        "lib2to3",
+        "pydoc_data",
+        "distutils",
+        "venv",
+        "sqlite3",
+        "dbm",
+        "curses",
+        "unittest",
+        "site-packages",
+        "dist-packages",
+        "lib-dynload",  # copied separately, filtered
+    }
+)
+# Extension modules left out: unused by the agent, and most pull in big libraries
+# (_ssl/_hashlib: libssl + libcrypto; without them asyncio runs without TLS and hashlib
+# uses its builtin implementations, which keeps the agent's idle RSS low).
+PRUNE_EXTENSIONS = frozenset(
+    {
+        "_ssl",
+        "_hashlib",
+        "_sqlite3",
+        "_tkinter",
+        "_dbm",
+        "_gdbm",
+        "readline",
+        "_curses",
+        "_curses_panel",
+        "_ctypes",
+        "_ctypes_test",
+        "_decimal",
+        "_lzma",
+        "_bz2",
+        "_uuid",
+        "_crypt",
+        "nis",
+        "ossaudiodev",
+        "audioop",
+        "xxlimited",
+        "xxlimited_35",
+        "_xxtestfuzz",
+        "_xxsubinterpreters",
+    }
+)
+_PROBE = """
+import importlib.machinery, json, os, sys, sysconfig
+print(json.dumps({
+    "version": list(sys.version_info[:2]),
+    "full_version": sys.version,
+    "stdlib": sysconfig.get_path("stdlib"),
+    "dynload": next((p for p in sys.path if p.endswith("lib-dynload")), None),
+    "ext_suffixes": importlib.machinery.EXTENSION_SUFFIXES,
+}))
+"""
+# Run by the freshly built bundle as ``python -c _VERIFY <root>``: the agent module loads
+# (all its imports), and everything loaded comes from the bundle.
+_VERIFY = """
+import os, runpy, sys
+root = sys.argv[1]
+runpy.run_path(root + "/agent/server.py", run_name="orchard_agent_check")
+outside = set()
+with open("/proc/self/maps") as maps:
+    for line in maps:
+        path = line.split(None, 5)[-1].strip()
+        if ".so" in path and not path.startswith(root + "/"):
+            outside.add(path)
+for module in list(sys.modules.values()):
+    where = getattr(module, "__file__", None)
+    if where and not os.path.realpath(where).startswith(root + "/"):
+        outside.add(where)
+if sys.prefix != root:
+    sys.exit(f"the interpreter took {sys.prefix} as its prefix, not {root}")
+if outside:
+    sys.exit("loaded from outside the bundle: " + ", ".join(sorted(outside)))
+"""
+
+
+def loader_name(machine: str | None = None) -> str:
+    """The glibc dynamic loader's file name for a machine (default: this host's)."""
+    machine = machine or platform.machine()
+    try:
+        return LOADERS[machine]
+    except KeyError:
+        raise errors.NotSupported(
+            f"no agent bundle for machine {machine!r} (supported: {', '.join(sorted(LOADERS))})"
+        ) from None
+
+
+def launch_argv(
+    mount: str = BUNDLE_MOUNT,
+    listen: str = f"unix:{RUN_DIR_MOUNT}/{SOCKET_NAME}",
+    machine: str | None = None,
+) -> list[str]:
+    """The container command that starts the agent from a bundle mounted at ``mount``.
+
+    ``--inhibit-cache`` keeps the image's ``/etc/ld.so.cache`` out of the lookup, and
+    ``--library-path`` overrides any ``LD_LIBRARY_PATH`` of the image for the agent only
+    (the loader does not change the environment, so commands still get the image's value).
+    """
+    return [
+        f"{mount}/lib/{loader_name(machine)}",
+        "--inhibit-cache",
+        "--library-path",
+        f"{mount}/lib",
+        f"{mount}/bin/python3",
+        "-I",
+        "-S",
+        f"{mount}/agent/server.py",
+        "--listen",
+        listen,
+    ]
+
+
+def launch_env(mount: str = BUNDLE_MOUNT) -> dict[str, str]:
+    """Environment variables the launcher must add for the agent: none.
+
+    The interpreter finds its stdlib from its own location and the loader gets the library
+    path on its command line (see :func:`launch_argv`), so the container environment stays
+    exactly the image's plus the sandbox's (the agent adds only ``ORCHARD_AGENT_*`` settings,
+    which it never passes on). Kept as the one place a backend takes the launch environment
+    from, should a future bundle need one.
+    """
+    del mount  # the bundle location needs no variable
+    return {}
+
+
+def find_python(python: Path | None = None) -> Path:
+    """The interpreter to bundle: ``python`` if given, else Debian's python3.11, another
+    system python3.x (>= 3.11), or the running interpreter."""
+    if python is not None:
+        if not (python.is_file() and os.access(python, os.X_OK)):
+            raise errors.InvalidRequest(f"python {python} is not an executable file")
+        return python
+    candidates = [DEFAULT_PYTHON]
+    for folder in (Path("/usr/bin"), Path("/usr/local/bin")):
+        candidates += sorted(folder.glob("python3.[1-9]*"), reverse=True)
+    candidates.append(Path(sys.executable))
+    for candidate in candidates:
+        if candidate.name.endswith("-config") or not candidate.is_file():
+            continue
+        if _probe(candidate.resolve(), quiet=True) is not None:
+            return candidate
+    raise errors.OrchardError(
+        "no Python >= 3.11 interpreter found to build the agent bundle from",
+        hint="install one (apt-get install python3.11) or pass python= to build_bundle()",
+    )
+
+
+class _Interpreter(TypedDict):
+    version: list[int]
+    full_version: str
+    stdlib: str
+    dynload: str | None
+    ext_suffixes: list[str]
+
+
+def _probe(python: Path, *, quiet: bool = False) -> _Interpreter | None:
+    try:
+        out = subprocess.run(
+            [str(python), "-I", "-S", "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+            env={},
+        ).stdout
+        info: _Interpreter = json.loads(out)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        if quiet:
+            return None
+        raise errors.OrchardError(f"cannot inspect the interpreter {python}: {exc}") from None
+    version = info["version"]
+    if tuple(version) < MIN_PYTHON:
+        if quiet:
+            return None
+        raise errors.InvalidRequest(
+            f"{python} is Python {version}; the agent needs >= {MIN_PYTHON[0]}.{MIN_PYTHON[1]}"
+        )
+    return info
+
+
+def _shared_libraries(files: list[Path]) -> tuple[dict[str, Path], Path]:
+    """Every library ``ldd`` lists for ``files`` (name -> resolved path), and the loader."""
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        raise errors.OrchardError(
+            "ldd is not installed: it is needed to build the agent bundle",
+            hint="apt-get install libc-bin",
+        )
+    result = subprocess.run(
+        [ldd, *map(str, files)], capture_output=True, text=True, check=False, timeout=120
+    )
+    libraries: dict[str, Path] = {}
+    loader: Path | None = None
+    for raw in result.stdout.splitlines():
+        line = raw.strip()
+        if "=>" in line:
+            name, _, target = line.partition("=>")
+            location = target.split(" (", 1)[0].strip()
+            if location == "not found":
+                raise errors.OrchardError(
+                    f"ldd cannot find {name.strip()}, which the agent interpreter needs",
+                    hint="install the library, or build from another interpreter (python=)",
+                )
+            if location.startswith("/"):
+                libraries[name.strip()] = Path(location).resolve()
+        elif line.startswith("/") and " (" in line:
+            candidate = Path(line.split(" (", 1)[0])
+            if candidate.name.startswith("ld-"):
+                loader = candidate
+    if loader is None:
+        raise errors.OrchardError(
+            f"could not find the dynamic loader in ldd's output for {files[0]}",
+            hint="the bundle needs a dynamically linked glibc interpreter",
+        )
+    return libraries, loader
+
+
+def _ignore_pruned(folder: str, names: list[str]) -> set[str]:
+    ignored = {name for name in names if name in PRUNE_DIRS or name.startswith("config-3")}
+    ignored.update(n for n in names if n.endswith((".opt-1.pyc", ".opt-2.pyc", ".exe")))
+    return ignored
+
+
+def _extension_name(filename: str, suffixes: list[str]) -> str | None:
+    for suffix in suffixes:
+        if filename.endswith(suffix):
+            return filename[: -len(suffix)]
+    return None
+
+
+def _populate(root: Path, python: Path) -> None:
+    info = _probe(python)
+    assert info is not None
+    major, minor = info["version"]
+    stdlib = Path(info["stdlib"])
+    suffixes = info["ext_suffixes"]
+    target_stdlib = root / "lib" / f"python{major}.{minor}"
+
+    (root / "bin").mkdir(parents=True)
+    shutil.copy2(python, root / "bin" / "python3")
+    shutil.copytree(stdlib, target_stdlib, ignore=_ignore_pruned, copy_function=shutil.copy2)
+
+    dynload_dir = target_stdlib / "lib-dynload"
+    dynload_dir.mkdir()
+    extensions = []
+    if info["dynload"]:
+        for entry in sorted(Path(info["dynload"]).iterdir()):
+            name = _extension_name(entry.name, suffixes)
+            if name is None or name in PRUNE_EXTENSIONS or name.startswith("_test"):
+                continue
+            shutil.copy2(entry, dynload_dir / entry.name)
+            extensions.append(dynload_dir / entry.name)
+
+    libraries, loader = _shared_libraries([root / "bin" / "python3", *extensions])
+    expected_loader = loader_name()
+    if loader.name != expected_loader:
+        raise errors.NotSupported(
+            f"{python} uses the loader {loader.name}, expected {expected_loader}",
+            hint="build the bundle from a glibc interpreter of this machine",
+        )
+    for name, path in libraries.items():
+        shutil.copy2(path, root / "lib" / name)
+    shutil.copy2(loader.resolve(), root / "lib" / loader.name)
+
+    (root / "agent").mkdir()
+    shutil.copy2(SERVER_SOURCE, root / "agent" / "server.py")
+    (root / MANIFEST).write_text(
+        json.dumps(
+            {
+                "format": BUNDLE_FORMAT,
+                "python": str(python),
+                "python_version": info["full_version"],
+                "machine": platform.machine(),
+                "loader": loader.name,
+                "server_sha256": hashlib.sha256(SERVER_SOURCE.read_bytes()).hexdigest(),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    root.chmod(0o755)  # mkdtemp made it 0700; the agent may run as any user of the image
+
+
+def verify_bundle(root: Path) -> None:
+    """Start the bundled interpreter with an empty environment and check that the agent's
+    modules load, and load only from the bundle (its own libc and stdlib, never the host's)."""
+    argv = launch_argv(str(root))
+    python_argv = argv[: argv.index("-S") + 1]
+    result = subprocess.run(
+        [*python_argv, "-c", _VERIFY, str(root)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env={},
+        cwd="/",
+    )
+    if result.returncode != 0:
+        raise errors.OrchardError(
+            f"the agent bundle at {root} does not work: "
+            f"{(result.stderr or result.stdout).strip()[-2000:]}",
+            hint="build it from another interpreter (python=), or report this",
+        )
+
+
+def build_bundle(dest: Path, python: Path | None = None) -> Path:
+    """Build the bundle at ``dest`` (which must not exist) from ``python`` (see
+    :func:`find_python`): built and verified in a temporary folder beside ``dest``, then
+    renamed into place, so ``dest`` is either absent or complete."""
+    interpreter = find_python(python)
+    dest = dest.absolute()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        _populate(tmp, interpreter)
+        verify_bundle(tmp)
+        try:
+            tmp.rename(dest)
+        except OSError:
+            raise errors.Conflict(
+                f"the agent bundle destination {dest} already exists",
+                hint="remove it first, or use ensure_bundle() to reuse a cached bundle",
+            ) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def bundle_key(python: Path) -> str:
+    """Cache key: bundle format, server.py, and the interpreter (path, version, file)."""
+    real = python.resolve()
+    info = real.stat()
+    digest = hashlib.sha256()
+    for part in (
+        str(BUNDLE_FORMAT),
+        hashlib.sha256(SERVER_SOURCE.read_bytes()).hexdigest(),
+        str(real),
+        f"{info.st_size}:{info.st_mtime_ns}",
+        platform.machine(),
+    ):
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def ensure_bundle(cache_root: Path, python: Path | None = None) -> Path:
+    """The bundle for the current server.py and interpreter under ``cache_root``, built once.
+
+    Safe when several processes race: each builds in its own temporary folder and the first
+    rename wins; the others drop their copy and use the winner's.
+    """
+    interpreter = find_python(python)
+    dest = cache_root.absolute() / f"agent-{bundle_key(interpreter)}"
+    if (dest / MANIFEST).is_file():
+        return dest
+    try:
+        return build_bundle(dest, interpreter)
+    except errors.Conflict:
+        if (dest / MANIFEST).is_file():
+            return dest
+        raise
+
+
+def bundle_size(root: Path) -> int:
+    """Total bytes of the files in a bundle."""
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
