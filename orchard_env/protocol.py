@@ -341,6 +341,18 @@ class MkdirRequest(BaseModel):
     parents: bool = True
 
 
+class MkdirResult(BaseModel):
+    """``POST /sandboxes/{id}/files/mkdir``."""
+
+    path: str
+
+
+class FileDeleteResult(BaseModel):
+    """``DELETE /sandboxes/{id}/files?path=``."""
+
+    deleted: str
+
+
 class PatchRequest(BaseModel):
     """``POST /sandboxes/{id}/apply_patch``. Upstream: ``patch``, ``timeout_seconds``."""
 
@@ -402,6 +414,35 @@ class UsageReport(BaseModel):
     since: datetime
     until: datetime
     records: list[UsageRecord]
+
+
+class ServiceBanner(BaseModel):
+    """``GET /``."""
+
+    service: Literal["orchard"] = "orchard"
+    version: str
+
+
+class ResourceAmounts(BaseModel):
+    cpu: float  # cores
+    memory_bytes: int
+
+
+class NodeResources(BaseModel):
+    name: str
+    capacity: ResourceAmounts
+    allocatable: ResourceAmounts
+
+
+class ResourcesReport(BaseModel):
+    """``GET /resources``: capacity, what live sandboxes asked for, and what is left."""
+
+    backend: str
+    nodes: list[NodeResources]
+    totals: ResourceAmounts  # allocatable, summed over nodes
+    requests: ResourceAmounts  # summed over live sandboxes
+    available: ResourceAmounts  # totals - requests, never below zero
+    sandboxes: int
 
 
 class Health(BaseModel):

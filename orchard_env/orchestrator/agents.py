@@ -1,0 +1,54 @@
+"""One :class:`AgentClient` per sandbox, reused across requests and closed with the sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from orchard_env.agent.client import AgentClient
+from orchard_env.errors import AgentUnavailable
+from orchard_env.orchestrator.backends.base import AgentEndpoint
+from orchard_env.orchestrator.records import SandboxRecord
+
+
+class AgentPool:
+    def __init__(self) -> None:
+        self._clients: dict[str, tuple[AgentEndpoint, AgentClient]] = {}
+        # Clients replaced because a sandbox's endpoint changed; streams may still use them.
+        self._stale: dict[str, list[AgentClient]] = {}
+
+    def client(self, record: SandboxRecord) -> AgentClient:
+        """The sandbox's client, made on first use (or again if its endpoint changed)."""
+        endpoint = record.agent
+        if endpoint is None:
+            raise AgentUnavailable(
+                f"sandbox {record.sandbox_id} has no agent endpoint yet (status {record.status})"
+            )
+        cached = self._clients.get(record.sandbox_id)
+        if cached is not None:
+            if cached[0] == endpoint:
+                return cached[1]
+            self._stale.setdefault(record.sandbox_id, []).append(cached[1])
+        client = AgentClient(
+            token=endpoint.token,
+            uds=endpoint.uds,
+            base_url=None if endpoint.uds is not None else endpoint.base_url(),
+        )
+        self._clients[record.sandbox_id] = (endpoint, client)
+        return client
+
+    async def drop(self, sandbox_id: str) -> None:
+        clients = self._stale.pop(sandbox_id, [])
+        cached = self._clients.pop(sandbox_id, None)
+        if cached is not None:
+            clients.append(cached[1])
+        await asyncio.gather(*(self._close(client) for client in clients))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(self.drop(sandbox_id) for sandbox_id in list(self._clients)))
+        await asyncio.gather(*(self.drop(sandbox_id) for sandbox_id in list(self._stale)))
+
+    @staticmethod
+    async def _close(client: AgentClient) -> None:
+        with contextlib.suppress(Exception):
+            await client.aclose()

@@ -1,0 +1,14 @@
+"""HTTP and WebSocket routes, one module per area. Thin: parse, call a service, return."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from orchard_env.orchestrator.api import files, health, jobs, keys, pty, sandboxes, usage
+
+
+def router() -> APIRouter:
+    root = APIRouter()
+    for module in (health, sandboxes, jobs, files, pty, keys, usage):
+        root.include_router(module.router)
+    return root

@@ -1,0 +1,30 @@
+"""Request dependencies: the service container and the authenticated caller."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import APIKeyHeader
+
+from orchard_env.orchestrator.auth import Caller, authenticate
+from orchard_env.orchestrator.services import Orchard
+
+api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)
+
+
+def get_orchard(request: Request) -> Orchard:
+    orchard: Orchard = request.app.state.orchard
+    return orchard
+
+
+OrchardDep = Annotated[Orchard, Depends(get_orchard)]
+
+
+async def get_caller(
+    orchard: OrchardDep, api_key: Annotated[str | None, Depends(api_key_header)]
+) -> Caller:
+    return await authenticate(orchard.store, orchard.settings, api_key)
+
+
+CallerDep = Annotated[Caller, Depends(get_caller)]

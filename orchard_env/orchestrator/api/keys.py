@@ -1,0 +1,31 @@
+"""API key routes (admin only)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from orchard_env.orchestrator import keys
+from orchard_env.orchestrator.api.deps import CallerDep, OrchardDep
+from orchard_env.protocol import KeyCreated, KeyCreateRequest, KeyInfo
+
+router = APIRouter(tags=["keys"])
+
+
+@router.post("/keys", status_code=201)
+async def create_key(
+    request: KeyCreateRequest, orchard: OrchardDep, caller: CallerDep
+) -> KeyCreated:
+    caller.require_admin()
+    return await keys.create_key(orchard.store, request.name, admin=request.admin)
+
+
+@router.get("/keys")
+async def list_keys(orchard: OrchardDep, caller: CallerDep) -> list[KeyInfo]:
+    caller.require_admin()
+    return await keys.list_keys(orchard.store)
+
+
+@router.delete("/keys/{key_id}")
+async def revoke_key(key_id: str, orchard: OrchardDep, caller: CallerDep) -> KeyInfo:
+    caller.require_admin()
+    return await keys.revoke_key(orchard.store, key_id)

@@ -1,0 +1,164 @@
+"""Files and patches: proxied to the sandbox's agent, streamed, never via the backend.
+
+Relative paths are resolved by the agent against the sandbox's working directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from collections.abc import AsyncIterator
+
+from orchard_env.agent.client import AgentClient, Exit
+from orchard_env.errors import InvalidRequest
+from orchard_env.orchestrator.agents import AgentPool
+from orchard_env.orchestrator.auth import Caller
+from orchard_env.orchestrator.records import SandboxRecord
+from orchard_env.orchestrator.sandboxes import SandboxService
+from orchard_env.protocol import (
+    FileContent,
+    FileDeleteResult,
+    FileEntry,
+    FileUpload,
+    FileUploadResult,
+    MkdirRequest,
+    MkdirResult,
+    PatchRequest,
+    PatchResult,
+)
+
+MAX_PATCH_OUTPUT = 1024 * 1024
+
+
+class FileService:
+    def __init__(self, sandboxes: SandboxService, agents: AgentPool) -> None:
+        self.sandboxes = sandboxes
+        self.agents = agents
+
+    async def _agent(self, sandbox_id: str, caller: Caller) -> tuple[SandboxRecord, AgentClient]:
+        record = await self.sandboxes.require_ready(sandbox_id, caller)
+        await self.sandboxes.touch(sandbox_id)
+        return record, self.agents.client(record)
+
+    # --- upstream's base64 routes ----------------------------------------------------------
+
+    async def upload(self, sandbox_id: str, upload: FileUpload, caller: Caller) -> FileUploadResult:
+        try:
+            data = base64.b64decode(upload.content, validate=True)
+        except binascii.Error as exc:
+            raise InvalidRequest(f"content is not valid base64: {exc}") from exc
+        _, agent = await self._agent(sandbox_id, caller)
+        size = await agent.write_file(upload.path, data, upload.mode)
+        return FileUploadResult(path=upload.path, size=size)
+
+    async def download(self, sandbox_id: str, path: str, caller: Caller) -> FileContent:
+        _, agent = await self._agent(sandbox_id, caller)
+        data = b"".join([chunk async for chunk in agent.read_file(path)])
+        return FileContent(path=path, content=base64.b64encode(data).decode(), size=len(data))
+
+    # --- streamed routes -------------------------------------------------------------------
+
+    async def upload_raw(
+        self,
+        sandbox_id: str,
+        path: str,
+        body: AsyncIterator[bytes],
+        mode: int | None,
+        caller: Caller,
+    ) -> FileUploadResult:
+        _, agent = await self._agent(sandbox_id, caller)
+        size = await agent.write_file(path, body, mode)
+        return FileUploadResult(path=path, size=size)
+
+    async def download_raw(
+        self, sandbox_id: str, path: str, caller: Caller
+    ) -> AsyncIterator[bytes]:
+        """The file's bytes as they come from the agent. The first chunk is fetched before
+        returning, so a missing file is an error (404) rather than a broken 200 stream."""
+        _, agent = await self._agent(sandbox_id, caller)
+        chunks = agent.read_file(path)
+        first = await anext(chunks, b"")
+        return _chain(first, chunks)
+
+    async def list(self, sandbox_id: str, path: str | None, caller: Caller) -> list[FileEntry]:
+        _, agent = await self._agent(sandbox_id, caller)
+        return await agent.list_dir(path or ".")  # relative: the sandbox's workdir
+
+    async def delete(
+        self, sandbox_id: str, path: str, recursive: bool, caller: Caller
+    ) -> FileDeleteResult:
+        _, agent = await self._agent(sandbox_id, caller)
+        await agent.delete_path(path, recursive=recursive)
+        return FileDeleteResult(deleted=path)
+
+    async def mkdir(self, sandbox_id: str, request: MkdirRequest, caller: Caller) -> MkdirResult:
+        _, agent = await self._agent(sandbox_id, caller)
+        await agent.mkdir(request.path, parents=request.parents)
+        return MkdirResult(path=request.path)
+
+    # --- patches ---------------------------------------------------------------------------
+
+    async def apply_patch(
+        self, sandbox_id: str, request: PatchRequest, caller: Caller
+    ) -> PatchResult:
+        """``git apply`` in the sandbox (the patch on stdin), with --check/--3way/--reverse."""
+        record, agent = await self._agent(sandbox_id, caller)
+        argv = ["git", "apply"]
+        if request.check:
+            argv.append("--check")
+        if request.three_way:
+            argv.append("--3way")
+        if request.reverse:
+            argv.append("--reverse")
+        output: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+        final: Exit | None = None
+        async with self.sandboxes.in_use(sandbox_id):
+            async for event in agent.exec(
+                f"patch-{uuid.uuid4().hex}",
+                argv,
+                cwd=request.cwd,
+                env={},
+                timeout=request.timeout_seconds,
+                login_shell=False,
+                stdin=request.patch.encode(),
+                max_output_bytes=MAX_PATCH_OUTPUT,
+            ):
+                if isinstance(event, Exit):
+                    final = event
+                else:
+                    output[event.stream].append(event.data)
+        stdout = b"".join(output["stdout"]).decode(errors="replace")
+        stderr = b"".join(output["stderr"]).decode(errors="replace")
+        if final is None:
+            return PatchResult(
+                success=False,
+                stdout=stdout,
+                stderr=stderr,
+                exit_code=None,
+                error="the agent ended the command before it exited",
+            )
+        error = final.error
+        if final.exit_code == 127 and error is not None and "git" in error:
+            error = (
+                f"git is not installed in image {record.image}: install git in the image "
+                "or apply the patch with files upload"
+            )
+        elif final.timed_out:
+            error = f"git apply timed out after {request.timeout_seconds} s"
+        elif final.exit_code != 0 and error is None:
+            error = f"git apply failed with exit code {final.exit_code}"
+        return PatchResult(
+            success=final.exit_code == 0 and not final.timed_out,
+            stdout=stdout,
+            stderr=stderr,
+            exit_code=final.exit_code,
+            error=error,
+        )
+
+
+async def _chain(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in rest:
+        yield chunk

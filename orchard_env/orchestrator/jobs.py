@@ -1,0 +1,473 @@
+"""Jobs: commands run in sandboxes through their agents, idempotent by job id.
+
+A submission inserts the job row first (``INSERT OR IGNORE``): a job id that is already known
+returns the existing job and runs nothing. The command is sent to the agent with its job id,
+so a lost connection, or an orchestrator restart, re-attaches to the same run (the agent
+replays its output from the start) instead of running it again.
+
+Each running job has an in-memory :class:`JobRun` (live output, a done event, followers for
+streamed output); the store holds the durable state: queued, then running, then the final
+row with its output, written before anyone is told the job finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+
+from orchard_env.agent.client import AgentClient, Exit, Output
+from orchard_env.config import ServiceSettings
+from orchard_env.errors import AgentUnavailable, Conflict, JobNotFound, OrchardError
+from orchard_env.orchestrator.agents import AgentPool
+from orchard_env.orchestrator.auth import Caller
+from orchard_env.orchestrator.records import JobRecord, SandboxRecord
+from orchard_env.orchestrator.sandboxes import SandboxService
+from orchard_env.orchestrator.store import Store
+from orchard_env.protocol import ExecEvent, ExecRequest, Job, JobStatus, SandboxStatus, command_text
+
+log = logging.getLogger(__name__)
+
+STREAMS = ("stdout", "stderr")
+MAX_RUNNING_JOBS = 1024
+"""Commands in flight at once across all sandboxes; more wait in ``queued``."""
+RECONNECT_SECONDS = 30.0
+"""How long a job keeps trying to re-attach to its agent after a broken connection."""
+WAIT_GRACE_SECONDS = 30
+"""``exec wait=true`` waits for the command's timeout plus this, then returns it running."""
+CANCEL_WAIT_SECONDS = 10.0
+RESTART_LOST = "orchestrator restarted and the agent no longer has this job"
+
+
+class JobRun:
+    """The live state of one job in this process."""
+
+    def __init__(self, record: JobRecord, max_output_bytes: int) -> None:
+        self.record = record
+        self.max_output_bytes = max_output_bytes
+        self.parts: dict[str, list[str]] = {stream: [] for stream in STREAMS}
+        self.chunks: list[tuple[str, str]] = []  # (stream, text) in arrival order
+        self.received = dict.fromkeys(STREAMS, 0)  # bytes from the agent, per stream
+        self.kept = dict.fromkeys(STREAMS, 0)  # bytes kept (the cap applies), per stream
+        self.truncated = False
+        self.done = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self._decoders = {
+            stream: codecs.getincrementaldecoder("utf-8")(errors="replace") for stream in STREAMS
+        }
+        self._changed = asyncio.Event()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def add(self, stream: str, data: bytes, skip: int = 0) -> None:
+        """Append output; the first ``skip`` bytes of a replay were seen before."""
+        start = max(skip - self.received[stream], 0)
+        self.received[stream] += len(data)
+        data = data[start:]
+        room = self.max_output_bytes - self.kept[stream]
+        if len(data) > room:
+            self.truncated = True
+            data = data[: max(room, 0)]
+        if not data:
+            return
+        self.kept[stream] += len(data)
+        text = self._decoders[stream].decode(data)
+        if text:
+            self.parts[stream].append(text)
+            self.chunks.append((stream, text))
+            self._wake()
+
+    def flush(self) -> None:
+        for stream in STREAMS:
+            tail = self._decoders[stream].decode(b"", final=True)
+            if tail:
+                self.parts[stream].append(tail)
+                self.chunks.append((stream, tail))
+
+    def snapshot(self) -> JobRecord:
+        if self.done.is_set():
+            return self.record
+        return self.record.model_copy(
+            update={stream: "".join(self.parts[stream]) for stream in STREAMS}
+            | {"truncated": self.truncated}
+        )
+
+    def finish(self, record: JobRecord) -> None:
+        self.record = record
+        self.done.set()
+        self._wake()
+
+    async def follow(self) -> AsyncIterator[tuple[str, str]]:
+        """Every output chunk from the start, then live ones until the job is done."""
+        index = 0
+        while True:
+            changed = self._changed
+            while index < len(self.chunks):
+                yield self.chunks[index]
+                index += 1
+            if self.done.is_set():
+                return
+            await changed.wait()
+
+
+class JobService:
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        store: Store,
+        sandboxes: SandboxService,
+        agents: AgentPool,
+        clock: Callable[[], datetime],
+        *,
+        max_running: int = MAX_RUNNING_JOBS,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.sandboxes = sandboxes
+        self.agents = agents
+        self.clock = clock
+        self._runs: dict[str, JobRun] = {}
+        self._slots = asyncio.Semaphore(max_running)
+
+    # --- lookups ---------------------------------------------------------------------------
+
+    async def _record(self, job_id: str, caller: Caller) -> JobRecord:
+        run = self._runs.get(job_id)
+        record = run.snapshot() if run is not None else await self.store.get_job(job_id)
+        if record is None or not caller.can_see(record.owner):
+            raise JobNotFound(f"job {job_id} does not exist", hint="job ids are kept for a day")
+        return record
+
+    async def get(self, job_id: str, caller: Caller) -> Job:
+        return (await self._record(job_id, caller)).to_job()
+
+    async def list(self, sandbox_id: str, caller: Caller) -> list[Job]:
+        await self.sandboxes.get_record(sandbox_id, caller)
+        jobs = []
+        for record in await self.store.list_jobs(sandbox_id):
+            run = self._runs.get(record.job_id)
+            jobs.append((run.snapshot() if run is not None else record).to_job())
+        return jobs
+
+    # --- submit ----------------------------------------------------------------------------
+
+    def _max_output(self, request: ExecRequest) -> int:
+        cap = self.settings.max_output_bytes
+        return cap if request.max_output_bytes is None else min(request.max_output_bytes, cap)
+
+    async def submit(self, sandbox_id: str, request: ExecRequest, caller: Caller) -> JobRecord:
+        """Start a job, or return the existing one for a known ``job_id``."""
+        await self.sandboxes.get_record(sandbox_id, caller)
+        if request.job_id is not None:
+            existing = await self.store.get_job(request.job_id)
+            if existing is not None:
+                return self._existing(existing, sandbox_id, caller)
+        sandbox = await self.sandboxes.require_ready(sandbox_id, caller)
+        record = JobRecord(
+            job_id=request.job_id or uuid.uuid4().hex,
+            sandbox_id=sandbox_id,
+            owner=caller.owner,
+            command=command_text(request.command),
+            request=request.model_copy(update={"wait": False}),
+            created_at=self.clock(),
+        )
+        stored, created = await self.store.insert_job(record)
+        if not created:
+            return self._existing(stored, sandbox_id, caller)
+        self._start(stored, attach=False)
+        await self.sandboxes.touch(sandbox.sandbox_id)
+        log.info("job submitted", extra={"job_id": stored.job_id, "sandbox_id": sandbox_id})
+        return stored
+
+    def _existing(self, record: JobRecord, sandbox_id: str, caller: Caller) -> JobRecord:
+        if record.sandbox_id != sandbox_id or not caller.can_see(record.owner):
+            raise Conflict(
+                f"job id {record.job_id} is already used by another sandbox's job",
+                hint="job ids must be unique: leave job_id out to get a fresh one",
+            )
+        run = self._runs.get(record.job_id)
+        return run.snapshot() if run is not None else record
+
+    async def exec(self, sandbox_id: str, request: ExecRequest, caller: Caller) -> Job:
+        record = await self.submit(sandbox_id, request, caller)
+        if request.wait:
+            timeout = record.request.timeout_seconds + WAIT_GRACE_SECONDS
+            return await self.wait(record.job_id, caller, timeout)
+        return record.to_job()
+
+    async def stream(
+        self, sandbox_id: str, request: ExecRequest, caller: Caller
+    ) -> AsyncIterator[ExecEvent]:
+        """Submit (or find) a job, then its events: started, output chunks, exit."""
+        record = await self.submit(sandbox_id, request, caller)
+        return self._events(record.job_id, caller)
+
+    async def _events(self, job_id: str, caller: Caller) -> AsyncIterator[ExecEvent]:
+        yield ExecEvent(event="started", job_id=job_id)
+        run = self._runs.get(job_id)
+        if run is not None:
+            async for stream, text in run.follow():
+                yield ExecEvent(event=stream, job_id=job_id, data=text)  # type: ignore[arg-type]
+            final = run.record
+        else:
+            final = await self._wait_record(job_id, caller, None)
+            for stream in STREAMS:
+                text = getattr(final, stream)
+                if text:
+                    yield ExecEvent(event=stream, job_id=job_id, data=text)  # type: ignore[arg-type]
+        yield ExecEvent(event="exit", job_id=job_id, job=final.to_job())
+
+    # --- waiting and cancelling -----------------------------------------------------------
+
+    async def _wait_record(self, job_id: str, caller: Caller, seconds: float | None) -> JobRecord:
+        """The job once done, or as it is after ``seconds`` (None: no limit)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if seconds is None else loop.time() + seconds
+        while True:
+            record = await self._record(job_id, caller)
+            remaining = None if deadline is None else deadline - loop.time()
+            if record.status.done or (remaining is not None and remaining <= 0):
+                return record
+            run = self._runs.get(job_id)
+            step = 0.25 if run is None else 5.0  # poll the store when no run is in memory
+            step = step if remaining is None else min(step, remaining)
+            if run is None:
+                await asyncio.sleep(step)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(run.done.wait(), step)
+
+    async def wait(self, job_id: str, caller: Caller, seconds: float) -> Job:
+        """The job once finished, or as it is when ``seconds`` run out (never an error)."""
+        return (await self._wait_record(job_id, caller, seconds)).to_job()
+
+    async def cancel(self, job_id: str, caller: Caller) -> Job:
+        record = await self._record(job_id, caller)
+        if record.status.done:
+            return record.to_job()
+        run = self._runs.get(job_id)
+        if run is None or record.status == JobStatus.QUEUED:
+            # Never sent to the agent (or no longer tracked here): nothing runs to kill.
+            if run is not None and run.task is not None:
+                run.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await run.task
+            final = await self._finalize(
+                run or JobRun(record, 0), JobStatus.CANCELLED, error="cancelled before it started"
+            )
+            return final.to_job()
+        sandbox = await self.store.get_sandbox(record.sandbox_id)
+        if sandbox is not None and sandbox.status == SandboxStatus.READY:
+            with contextlib.suppress(JobNotFound):
+                await self.agents.client(sandbox).cancel(job_id)
+        return await self.wait(job_id, caller, CANCEL_WAIT_SECONDS)
+
+    # --- running -------------------------------------------------------------------------------
+
+    def _start(self, record: JobRecord, *, attach: bool) -> JobRun:
+        run = JobRun(record, self._max_output(record.request))
+        self._runs[record.job_id] = run
+        run.task = asyncio.create_task(self._run(run, attach), name=f"job-{record.job_id}")
+        return run
+
+    async def resume(self) -> None:
+        """After a restart: re-attach to jobs left running, send those left queued."""
+        for record in await self.store.unfinished_jobs():
+            if record.job_id not in self._runs:
+                log.info(
+                    "resuming job",
+                    extra={"job_id": record.job_id, "status": record.status.value},
+                )
+                self._start(record, attach=record.status == JobStatus.RUNNING)
+
+    async def _run(self, run: JobRun, attach: bool) -> None:
+        job_id = run.record.job_id
+        try:
+            async with self._slots, self.sandboxes.in_use(run.record.sandbox_id):
+                sandbox = await self._sandbox_for(run)
+                if sandbox is None:
+                    return
+                if not attach:
+                    run.record = run.record.model_copy(
+                        update={"status": JobStatus.RUNNING, "started_at": self.clock()}
+                    )
+                    await self.store.put_job(run.record)
+                final = await self._drive(run, sandbox, attach)
+            if final is not None:
+                await self._finish_from_exit(run, final)
+        except asyncio.CancelledError:
+            raise  # shutdown: the row stays running and the next process re-attaches
+        except Exception as exc:
+            log.exception("job failed in the orchestrator", extra={"job_id": job_id})
+            await self._finalize(run, JobStatus.FAILED, error=f"orchestrator error: {exc}")
+        finally:
+            if self._runs.get(job_id) is run and run.done.is_set():
+                del self._runs[job_id]
+
+    async def _sandbox_for(self, run: JobRun) -> SandboxRecord | None:
+        """The job's sandbox if it can run commands; otherwise the job is failed (None)."""
+        sandbox = await self.store.get_sandbox(run.record.sandbox_id)
+        if sandbox is not None and sandbox.status in (
+            SandboxStatus.PENDING,
+            SandboxStatus.UNSCHEDULABLE,
+        ):
+            with contextlib.suppress(OrchardError):
+                sandbox = await self.sandboxes.require_ready(
+                    sandbox.sandbox_id, _SYSTEM, wait=sandbox.ready_timeout_seconds
+                )
+        if sandbox is not None and sandbox.status == SandboxStatus.READY:
+            return sandbox
+        state = "gone" if sandbox is None else sandbox.status.value
+        why = (
+            f" ({sandbox.status_message})" if sandbox is not None and sandbox.status_message else ""
+        )
+        await self._finalize(
+            run, JobStatus.FAILED, error=f"sandbox {run.record.sandbox_id} is {state}{why}"
+        )
+        return None
+
+    def _open(
+        self, client: AgentClient, run: JobRun, *, attach: bool
+    ) -> AsyncIterator[Output | Exit]:
+        if attach:
+            return client.attach(run.record.job_id)
+        request = run.record.request
+        return client.exec(
+            run.record.job_id,
+            request.command,
+            cwd=request.cwd,  # None: the agent's workdir, which is the sandbox's
+            env=request.env,  # on top of the sandbox's own environment
+            timeout=request.timeout_seconds,
+            login_shell=request.login_shell,
+            stdin=None if request.stdin is None else request.stdin.encode(),
+            max_output_bytes=run.max_output_bytes,
+        )
+
+    async def _drive(self, run: JobRun, sandbox: SandboxRecord, attach: bool) -> Exit | None:
+        """Run the command (or re-attach to it) until its exit, riding out broken links.
+
+        Sending the same job id again re-attaches (the agent keeps jobs by id and replays
+        their output; bytes already seen are skipped). A job resumed after a restart only
+        ever attaches: if the agent forgot it, it fails rather than running twice.
+        """
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        while True:
+            events = self._open(self.agents.client(sandbox), run, attach=attach)
+            try:
+                final = await self._consume(run, events, dict(run.received))
+            except JobNotFound:
+                lost = RESTART_LOST if attach else "the agent no longer has this job"
+                await self._finalize(run, JobStatus.FAILED, error=lost)
+                return None
+            except (AgentUnavailable, OSError, httpx.TransportError) as exc:
+                error: Exception = exc
+            except OrchardError as exc:  # the agent refused it (bad cwd, ...)
+                await self._finalize(run, JobStatus.FAILED, error=exc.message)
+                return None
+            else:
+                if final is not None:
+                    return final
+                error = ConnectionError("the agent ended the stream before the command exited")
+            deadline = deadline or loop.time() + RECONNECT_SECONDS
+            current = await self.store.get_sandbox(run.record.sandbox_id)
+            if current is None or current.status != SandboxStatus.READY:
+                state = "gone" if current is None else current.status.value
+                await self._finalize(
+                    run, JobStatus.FAILED, error=f"sandbox {run.record.sandbox_id} is {state}"
+                )
+                return None
+            if loop.time() >= deadline:
+                await self._finalize(
+                    run, JobStatus.FAILED, error=f"lost the connection to the agent: {error}"
+                )
+                return None
+            log.warning(
+                "re-attaching to a job", extra={"job_id": run.record.job_id, "error": str(error)}
+            )
+            await asyncio.sleep(0.5)
+            sandbox = current
+
+    @staticmethod
+    async def _consume(
+        run: JobRun, events: AsyncIterator[Output | Exit], skip: dict[str, int]
+    ) -> Exit | None:
+        async for event in events:
+            if isinstance(event, Exit):
+                return event
+            run.add(event.stream, event.data, skip.get(event.stream, 0))
+        return None
+
+    async def _finish_from_exit(self, run: JobRun, final: Exit) -> None:
+        timeout = run.record.request.timeout_seconds
+        exit_code = final.exit_code
+        if exit_code is None and final.signal is not None:
+            exit_code = -final.signal
+        error = final.error
+        if final.cancelled:
+            status, error = JobStatus.CANCELLED, error or "cancelled"
+        elif final.timed_out:
+            status, error = JobStatus.TIMEOUT, error or f"timed out after {timeout} s"
+        elif final.exit_code == 0 and error is None:
+            status = JobStatus.SUCCEEDED
+        else:
+            status = JobStatus.FAILED
+            if error is None and final.signal is not None:
+                error = f"killed by signal {final.signal}"
+        await self._finalize(
+            run,
+            status,
+            exit_code=exit_code,
+            error=error,
+            timed_out=final.timed_out,
+            truncated=final.truncated,
+        )
+
+    async def _finalize(
+        self, run: JobRun, status: JobStatus, *, error: str | None, **fields: Any
+    ) -> JobRecord:
+        if run.done.is_set():
+            return run.record
+        run.flush()
+        truncated = bool(fields.pop("truncated", False)) or run.truncated
+        record = run.snapshot().model_copy(
+            update={
+                "status": status,
+                "error": error,
+                "completed_at": self.clock(),
+                "truncated": truncated,
+                **fields,
+            }
+        )
+        await self.store.put_job(record)
+        run.finish(record)
+        log.info(
+            "job finished",
+            extra={"job_id": record.job_id, "status": status.value, "exit_code": record.exit_code},
+        )
+        return record
+
+    async def purge(self, now: datetime) -> int:
+        return await self.store.purge_jobs(
+            now - timedelta(seconds=self.settings.job_retention_seconds)
+        )
+
+    async def close(self) -> None:
+        """Stop following jobs (they keep running in their agents; a restart re-attaches)."""
+        tasks = [run.task for run in self._runs.values() if run.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._runs.clear()
+
+
+_SYSTEM = Caller(key_id=None, admin=True)

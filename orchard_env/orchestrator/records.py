@@ -1,0 +1,174 @@
+"""The orchestrator's own records: what the store keeps, and how they become wire models.
+
+Wire models (``orchard_env.protocol``) are what clients see; records carry the extra state the
+orchestrator needs to survive a restart (the agent endpoint and token, the full exec request of
+a job so a queued one can be sent after a restart, the owner of every row).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from pydantic import BaseModel, Field
+
+from orchard_env.config import ServiceSettings
+from orchard_env.orchestrator.backends.base import AgentEndpoint
+from orchard_env.protocol import (
+    ExecRequest,
+    Job,
+    JobStatus,
+    KeyInfo,
+    SandboxInfo,
+    SandboxStatus,
+    format_memory,
+)
+
+LIVE_STATUSES = frozenset({SandboxStatus.PENDING, SandboxStatus.READY, SandboxStatus.UNSCHEDULABLE})
+"""Statuses of a sandbox whose container should exist."""
+
+# Fields that describe the sandbox itself, as opposed to its current state: they travel with the
+# container (the backend's record annotation) so a restart with lost state can adopt it.
+_ANNOTATION_EXCLUDE = {"agent", "status", "status_message", "deleted_at", "ended_at"}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class SandboxRecord(BaseModel):
+    sandbox_id: str
+    image: str
+    cpu: float
+    memory_bytes: int
+    block_network: bool = True
+    workdir: str = "/workspace"
+    env: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+    owner: str | None = None
+    status: SandboxStatus = SandboxStatus.PENDING
+    status_message: str | None = None
+    created_at: datetime
+    ready_timeout_seconds: int
+    ttl_seconds: int = 0  # 0 = no lifetime cap
+    idle_timeout_seconds: int = 0  # 0 = no idle expiry
+    last_activity_at: datetime
+    deleted_at: datetime | None = None
+    ended_at: datetime | None = None  # when it became failed or deleted
+    backend: str = ""
+    agent: AgentEndpoint | None = None
+    source_snapshot: str | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.status in LIVE_STATUSES
+
+    def annotation(self) -> str:
+        """The record as kept on the container: everything but state and the agent secret."""
+        return self.model_dump_json(exclude=_ANNOTATION_EXCLUDE)
+
+    @classmethod
+    def from_annotation(cls, text: str) -> SandboxRecord:
+        return cls.model_validate_json(text)
+
+    def expires_at(self) -> datetime | None:
+        """When the reaper will remove it: the earlier of its TTL and its idle expiry."""
+        candidates = []
+        if self.ttl_seconds:
+            candidates.append(self.created_at + timedelta(seconds=self.ttl_seconds))
+        if self.idle_timeout_seconds:
+            candidates.append(self.last_activity_at + timedelta(seconds=self.idle_timeout_seconds))
+        return min(candidates) if candidates else None
+
+    def ready_deadline(self) -> datetime:
+        return self.created_at + timedelta(seconds=self.ready_timeout_seconds)
+
+    def to_info(self, settings: ServiceSettings) -> SandboxInfo:
+        return SandboxInfo(
+            sandbox_id=self.sandbox_id,
+            namespace=settings.instance,
+            image=self.image,
+            pod_name=self.sandbox_id,
+            block_network=self.block_network,
+            cpu=f"{self.cpu:g}",
+            memory=format_memory(self.memory_bytes),
+            created_at=self.created_at,
+            ready=self.status == SandboxStatus.READY,
+            status=self.status,
+            status_message=self.status_message,
+            labels=self.labels,
+            owner=self.owner,
+            workdir=self.workdir,
+            env=self.env,
+            backend=self.backend,
+            expires_at=self.expires_at() if self.live else None,
+            idle_timeout_seconds=self.idle_timeout_seconds or None,
+            last_activity_at=self.last_activity_at,
+            deleted_at=self.deleted_at,
+            source_snapshot=self.source_snapshot,
+        )
+
+
+class JobRecord(BaseModel):
+    job_id: str
+    sandbox_id: str
+    owner: str | None = None
+    command: str
+    request: ExecRequest
+    status: JobStatus = JobStatus.QUEUED
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    created_at: datetime
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    error: str | None = None
+    timed_out: bool = False
+    truncated: bool = False
+
+    def to_job(self) -> Job:
+        return Job(
+            job_id=self.job_id,
+            sandbox_id=self.sandbox_id,
+            command=self.command,
+            status=self.status,
+            stdout=self.stdout,
+            stderr=self.stderr,
+            exit_code=self.exit_code,
+            created_at=self.created_at,
+            started_at=self.started_at,
+            completed_at=self.completed_at,
+            error=self.error,
+            timed_out=self.timed_out,
+            truncated=self.truncated,
+        )
+
+
+class KeyRecord(BaseModel):
+    key_id: str
+    name: str
+    sha256: str
+    admin: bool
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+    def to_info(self) -> KeyInfo:
+        return KeyInfo(
+            key_id=self.key_id,
+            name=self.name,
+            admin=self.admin,
+            created_at=self.created_at,
+            revoked_at=self.revoked_at,
+        )
+
+
+class UsageRow(BaseModel):
+    """One sandbox's lifetime, open (``ended_at`` None) while it runs."""
+
+    sandbox_id: str
+    owner: str | None
+    image: str
+    cpu: float
+    memory_bytes: int
+    labels: dict[str, str] = Field(default_factory=dict)
+    started_at: datetime
+    ended_at: datetime | None = None

@@ -1,0 +1,612 @@
+"""Sandbox lifecycle: create, readiness, activity, delete, reconciliation and expiry.
+
+Rules that keep state and containers consistent:
+
+* The record is written (status ``pending``) before the backend creates the container, and the
+  container carries the record as an annotation: a crash at any point leaves either a record
+  that reconciliation fails ("its container no longer exists") or a container it adopts.
+* A container without a record is adopted, never deleted: losing state never kills a live
+  sandbox. Only containers whose record says deleted or failed are removed.
+* Every status change goes through :meth:`SandboxService._transition` (one lock, re-read,
+  check, write), so a readiness probe, a delete and the reaper cannot overwrite each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Collection
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+
+from orchard_env.config import ServiceSettings
+from orchard_env.errors import (
+    LimitExceeded,
+    SandboxExists,
+    SandboxNotFound,
+    SandboxNotReady,
+    Timeout,
+)
+from orchard_env.orchestrator.agents import AgentPool
+from orchard_env.orchestrator.auth import Caller
+from orchard_env.orchestrator.backends.base import (
+    Backend,
+    BackendSandbox,
+    SandboxSpec,
+    SandboxState,
+)
+from orchard_env.orchestrator.records import LIVE_STATUSES, SandboxRecord, UsageRow
+from orchard_env.orchestrator.store import Store
+from orchard_env.protocol import (
+    CreateSandboxRequest,
+    DeleteResponse,
+    HeartbeatResponse,
+    SandboxInfo,
+    SandboxList,
+    SandboxStatus,
+    format_memory,
+    parse_cpu,
+    parse_memory,
+)
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+READY_GATE_SECONDS = 15.0
+"""How long exec, files and PTY wait for a pending sandbox before answering 409."""
+TOUCH_PERSIST_SECONDS = 5.0
+"""Activity is written at most this often per sandbox (heartbeats always write)."""
+_DEAD_STATES = (SandboxState.EXITED, SandboxState.FAILED)
+SETTLED_STATUSES = frozenset({SandboxStatus.READY, SandboxStatus.FAILED, SandboxStatus.DELETED})
+
+
+def new_sandbox_id() -> str:
+    return "sb-" + secrets.token_hex(6)
+
+
+def dead_reason(found: BackendSandbox) -> str:
+    details = []
+    if found.exit_code is not None:
+        details.append(f"exit code {found.exit_code}")
+    if found.reason:
+        details.append(found.reason)
+    suffix = f" ({', '.join(details)})" if details else ""
+    return f"its container stopped{suffix}"
+
+
+class SandboxService:
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        store: Store,
+        backend: Backend,
+        agents: AgentPool,
+        clock: Clock,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.backend = backend
+        self.agents = agents
+        self.clock = clock
+        self._lock = asyncio.Lock()
+        self._changed: dict[str, asyncio.Event] = {}
+        self._creating: set[str] = set()
+        self._readiness: dict[str, asyncio.Task[None]] = {}
+        self._in_use: Counter[str] = Counter()
+        self._touched: dict[str, datetime] = {}
+
+    # --- records and events ----------------------------------------------------------------
+
+    def _event(self, sandbox_id: str) -> asyncio.Event:
+        return self._changed.setdefault(sandbox_id, asyncio.Event())
+
+    def _notify(self, sandbox_id: str) -> None:
+        event = self._changed.pop(sandbox_id, None)
+        if event is not None:
+            event.set()
+
+    async def _transition(
+        self, sandbox_id: str, from_statuses: Collection[SandboxStatus], **changes: Any
+    ) -> SandboxRecord | None:
+        """Apply ``changes`` if the record's status is still one of ``from_statuses``."""
+        async with self._lock:
+            record = await self.store.get_sandbox(sandbox_id)
+            if record is None or record.status not in from_statuses:
+                return None
+            record = record.model_copy(update=changes)
+            await self.store.put_sandbox(record)
+        if "status" in changes:
+            log.info(
+                "sandbox status",
+                extra={
+                    "sandbox_id": sandbox_id,
+                    "status": record.status.value,
+                    "reason": record.status_message,
+                },
+            )
+        self._notify(sandbox_id)
+        return record
+
+    async def get_record(self, sandbox_id: str, caller: Caller) -> SandboxRecord:
+        record = await self.store.get_sandbox(sandbox_id)
+        if record is None or not caller.can_see(record.owner):
+            raise SandboxNotFound(
+                f"sandbox {sandbox_id} does not exist",
+                hint="`orchard sandbox list` shows your sandboxes",
+            )
+        return record
+
+    @staticmethod
+    def _require_live(record: SandboxRecord) -> None:
+        why = f": {record.status_message}" if record.status_message else ""
+        if record.status == SandboxStatus.DELETED:
+            raise SandboxNotFound(f"sandbox {record.sandbox_id} was deleted{why}")
+        if record.status == SandboxStatus.FAILED:
+            raise SandboxNotReady(
+                f"sandbox {record.sandbox_id} failed{why}",
+                hint="delete it and create a new one",
+            )
+
+    async def get(self, sandbox_id: str, caller: Caller) -> SandboxInfo:
+        return (await self.get_record(sandbox_id, caller)).to_info(self.settings)
+
+    async def list(
+        self,
+        caller: Caller,
+        *,
+        labels: dict[str, str] | None = None,
+        status: SandboxStatus | None = None,
+        include_deleted: bool = False,
+    ) -> SandboxList:
+        records = await self.store.list_sandboxes(
+            owner=caller.owner_filter,
+            include_deleted=include_deleted or status == SandboxStatus.DELETED,
+        )
+        wanted = labels or {}
+        return SandboxList(
+            sandboxes=[
+                record.to_info(self.settings)
+                for record in records
+                if (status is None or record.status == status)
+                and all(record.labels.get(k) == v for k, v in wanted.items())
+            ]
+        )
+
+    # --- create ------------------------------------------------------------------------------
+
+    def _size(self, request: CreateSandboxRequest) -> tuple[float, int]:
+        cpu = self.settings.default_cpu if request.cpu is None else parse_cpu(request.cpu)
+        memory = (
+            self.settings.default_memory if request.memory is None else parse_memory(request.memory)
+        )
+        if cpu > self.settings.max_cpu:
+            raise LimitExceeded(
+                f"cpu {request.cpu} is above this service's cap of {self.settings.max_cpu:g} cores",
+                hint="ask for less, or raise the cap with ORCHARD_MAX_CPU",
+            )
+        if memory > self.settings.max_memory:
+            raise LimitExceeded(
+                f"memory {request.memory} is above this service's cap of "
+                f"{format_memory(self.settings.max_memory)}",
+                hint="ask for less, or raise the cap with ORCHARD_MAX_MEMORY",
+            )
+        return cpu, memory
+
+    async def create(self, request: CreateSandboxRequest, caller: Caller) -> SandboxInfo:
+        cpu, memory = self._size(request)
+        sandbox_id = request.sandbox_id or new_sandbox_id()
+        now = self.clock()
+        record = SandboxRecord(
+            sandbox_id=sandbox_id,
+            image=request.image,
+            cpu=cpu,
+            memory_bytes=memory,
+            block_network=request.block_network,
+            workdir=request.workdir or self.settings.default_workdir,
+            env=request.env,
+            labels=request.labels,
+            owner=caller.owner,
+            created_at=now,
+            ready_timeout_seconds=request.timeout or self.settings.ready_timeout_seconds,
+            ttl_seconds=request.ttl_seconds or self.settings.sandbox_ttl_seconds,
+            idle_timeout_seconds=request.idle_timeout_seconds or self.settings.idle_timeout_seconds,
+            last_activity_at=now,
+            backend=self.backend.name,
+        )
+        if sandbox_id in self._creating:
+            raise self._exists(sandbox_id)
+        self._creating.add(sandbox_id)
+        try:
+            if not await self.store.insert_sandbox(record):
+                raise self._exists(sandbox_id)
+            found = await self._create_container(record)
+            record = await self._started(record, found)
+        finally:
+            self._creating.discard(sandbox_id)
+        log.info(
+            "sandbox created",
+            extra={"sandbox_id": sandbox_id, "image": record.image, "owner": record.owner},
+        )
+        return record.to_info(self.settings)
+
+    @staticmethod
+    def _exists(sandbox_id: str) -> SandboxExists:
+        return SandboxExists(
+            f"sandbox {sandbox_id} already exists",
+            hint="pick another sandbox_id, or delete the existing sandbox first",
+        )
+
+    async def _create_container(self, record: SandboxRecord) -> BackendSandbox:
+        spec = SandboxSpec(
+            sandbox_id=record.sandbox_id,
+            image=record.image,
+            cpu=record.cpu,
+            memory_bytes=record.memory_bytes,
+            block_network=record.block_network,
+            workdir=record.workdir,
+            agent_token=secrets.token_urlsafe(32),
+            owner=record.owner,
+            env=record.env,
+            labels=record.labels,
+            pids_limit=self.settings.pids_limit,
+            record_annotation=record.annotation(),
+        )
+        try:
+            return await self.backend.create(spec)
+        except Exception as exc:
+            # The sandbox never came to be: forget the record, so the id can be used again.
+            await self.store.remove_sandbox(record.sandbox_id)
+            self._notify(record.sandbox_id)
+            if not isinstance(exc, SandboxExists):  # an existing container is not ours to remove
+                with contextlib.suppress(Exception):
+                    await self.backend.delete(record.sandbox_id)
+            raise
+
+    async def _started(self, record: SandboxRecord, found: BackendSandbox) -> SandboxRecord:
+        await self.store.open_usage(
+            UsageRow(
+                sandbox_id=record.sandbox_id,
+                owner=record.owner,
+                image=record.image,
+                cpu=record.cpu,
+                memory_bytes=record.memory_bytes,
+                labels=record.labels,
+                started_at=record.created_at,
+            )
+        )
+        updated = await self._transition(record.sandbox_id, LIVE_STATUSES, agent=found.agent)
+        if updated is None:  # deleted while the container was being created
+            return await self.store.get_sandbox(record.sandbox_id) or record
+        if found.state in _DEAD_STATES:
+            return await self.end(record.sandbox_id, SandboxStatus.FAILED, dead_reason(found)) or (
+                updated
+            )
+        self._start_readiness(record.sandbox_id, record.ready_timeout_seconds)
+        return updated
+
+    # --- readiness -----------------------------------------------------------------------------
+
+    def _start_readiness(self, sandbox_id: str, timeout_seconds: float) -> None:
+        if sandbox_id not in self._readiness:
+            self._readiness[sandbox_id] = asyncio.create_task(
+                self._await_ready(sandbox_id, timeout_seconds), name=f"ready-{sandbox_id}"
+            )
+
+    async def _await_ready(self, sandbox_id: str, timeout_seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_seconds
+        last_error = "it has not answered yet"
+        try:
+            while True:
+                record = await self.store.get_sandbox(sandbox_id)
+                if record is None or not record.live:
+                    return
+                if record.agent is not None:
+                    try:
+                        slice_ = min(1.0, max(deadline - loop.time(), 0.05))
+                        await self.agents.client(record).wait_ready(slice_)
+                    except Exception as exc:
+                        last_error = str(exc) or type(exc).__name__
+                    else:
+                        await self._transition(
+                            sandbox_id,
+                            (SandboxStatus.PENDING, SandboxStatus.UNSCHEDULABLE),
+                            status=SandboxStatus.READY,
+                            status_message=None,
+                        )
+                        return
+                if await self._check_container(record):
+                    return
+                if loop.time() >= deadline:
+                    await self.end(
+                        sandbox_id,
+                        SandboxStatus.FAILED,
+                        f"it did not become ready within {timeout_seconds:g} s "
+                        f"(agent: {last_error})",
+                    )
+                    return
+                if record.agent is None:
+                    await asyncio.sleep(0.2)
+        finally:
+            if self._readiness.get(sandbox_id) is asyncio.current_task():
+                del self._readiness[sandbox_id]
+
+    async def _check_container(self, record: SandboxRecord) -> bool:
+        """While starting: True if the container is gone or dead (the sandbox is failed)."""
+        try:
+            found = await self.backend.inspect(record.sandbox_id)
+        except Exception as exc:
+            log.warning(
+                "inspect failed", extra={"sandbox_id": record.sandbox_id, "error": str(exc)}
+            )
+            await asyncio.sleep(0.5)
+            return False
+        if found is None:
+            await self.end(
+                record.sandbox_id, SandboxStatus.FAILED, "its container disappeared while starting"
+            )
+            return True
+        if found.state in _DEAD_STATES:
+            await self.end(record.sandbox_id, SandboxStatus.FAILED, dead_reason(found))
+            return True
+        changes: dict[str, Any] = {}
+        if found.agent is not None and found.agent != record.agent:
+            changes["agent"] = found.agent
+        if found.state == SandboxState.UNSCHEDULABLE and record.status == SandboxStatus.PENDING:
+            changes["status"] = SandboxStatus.UNSCHEDULABLE
+            changes["status_message"] = found.reason
+        if changes:
+            await self._transition(record.sandbox_id, LIVE_STATUSES, **changes)
+        return False
+
+    async def _wait_settled(
+        self, sandbox_id: str, caller: Caller, seconds: float, settled: Collection[SandboxStatus]
+    ) -> SandboxRecord:
+        """The record once its status is in ``settled``, or as it is after ``seconds``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while True:
+            event = self._event(sandbox_id)
+            record = await self.get_record(sandbox_id, caller)
+            remaining = deadline - loop.time()
+            if record.status in settled or remaining <= 0:
+                return record
+            # Event-driven in this process; the periodic re-read covers changes made elsewhere.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), min(remaining, 1.0))
+
+    async def wait(self, sandbox_id: str, caller: Caller, seconds: float) -> SandboxInfo:
+        """Upstream's ``/wait``: the sandbox once ready, failed or deleted; 408 otherwise."""
+        record = await self._wait_settled(sandbox_id, caller, seconds, SETTLED_STATUSES)
+        if record.status not in SETTLED_STATUSES:
+            raise Timeout(
+                f"sandbox {sandbox_id} is still {record.status.value} after {seconds:g} s",
+                hint=f"wait again, or check `orchard sandbox show {sandbox_id}`",
+            )
+        return record.to_info(self.settings)
+
+    async def require_ready(
+        self, sandbox_id: str, caller: Caller, wait: float = READY_GATE_SECONDS
+    ) -> SandboxRecord:
+        """The record of a ready sandbox (waiting a little for a pending one), else 404/409."""
+        record = await self._wait_settled(
+            sandbox_id, caller, wait, set(SandboxStatus) - LIVE_STATUSES | {SandboxStatus.READY}
+        )
+        self._require_live(record)
+        if record.status != SandboxStatus.READY:
+            raise SandboxNotReady(
+                f"sandbox {sandbox_id} is not ready yet (status {record.status.value})",
+                hint=f"wait for it: GET /sandboxes/{sandbox_id}/wait",
+            )
+        return record
+
+    # --- activity ----------------------------------------------------------------------------
+
+    async def touch(self, sandbox_id: str, *, force: bool = False) -> SandboxRecord | None:
+        """Record activity now (written at most every few seconds unless ``force``)."""
+        now = self.clock()
+        last = self._touched.get(sandbox_id)
+        if not force and last is not None and now - last < timedelta(seconds=TOUCH_PERSIST_SECONDS):
+            return None
+        self._touched[sandbox_id] = now
+        return await self._transition(sandbox_id, LIVE_STATUSES, last_activity_at=now)
+
+    async def heartbeat(self, sandbox_id: str, caller: Caller) -> HeartbeatResponse:
+        record = await self.get_record(sandbox_id, caller)
+        self._require_live(record)
+        record = await self.touch(sandbox_id, force=True) or record
+        return HeartbeatResponse(expires_at=record.expires_at())
+
+    @contextlib.asynccontextmanager
+    async def in_use(self, sandbox_id: str) -> AsyncIterator[None]:
+        """Mark a sandbox busy (a command or a terminal runs): idle expiry skips it."""
+        self._in_use[sandbox_id] += 1
+        try:
+            yield
+        finally:
+            self._in_use[sandbox_id] -= 1
+            if self._in_use[sandbox_id] <= 0:
+                del self._in_use[sandbox_id]
+            await self.touch(sandbox_id, force=True)
+
+    # --- ending --------------------------------------------------------------------------------
+
+    async def delete(self, sandbox_id: str, caller: Caller) -> DeleteResponse:
+        record = await self.get_record(sandbox_id, caller)
+        if record.status == SandboxStatus.DELETED:
+            raise SandboxNotFound(f"sandbox {sandbox_id} was already deleted")
+        await self.end(sandbox_id, SandboxStatus.DELETED, "deleted by request")
+        return DeleteResponse(sandbox_id=sandbox_id)
+
+    async def end(
+        self, sandbox_id: str, status: SandboxStatus, message: str
+    ) -> SandboxRecord | None:
+        """Make a sandbox failed or deleted, then remove its container and close its usage."""
+        now = self.clock()
+        changes: dict[str, Any] = {"status": status, "status_message": message, "ended_at": now}
+        allowed = set(LIVE_STATUSES)
+        if status == SandboxStatus.DELETED:
+            changes["deleted_at"] = now
+            allowed.add(SandboxStatus.FAILED)
+        record = await self._transition(sandbox_id, allowed, **changes)
+        if record is None:
+            return None
+        task = self._readiness.pop(sandbox_id, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        try:
+            await self.backend.delete(sandbox_id)
+        except Exception as exc:
+            log.warning(
+                "could not remove the container; the next reconciliation retries",
+                extra={"sandbox_id": sandbox_id, "error": str(exc)},
+            )
+        await self.agents.drop(sandbox_id)
+        await self.store.close_usage(sandbox_id, now)
+        self._touched.pop(sandbox_id, None)
+        return record
+
+    # --- reconciliation and expiry ---------------------------------------------------------
+
+    async def reconcile(self) -> None:
+        """Make records and the backend's containers agree (startup and every reaper pass)."""
+        records = await self.store.list_sandboxes(include_deleted=True)
+        creating = set(self._creating)
+        try:
+            found = await self.backend.list()
+        except Exception as exc:
+            log.warning(
+                "listing the backend failed; reconciliation skipped", extra={"error": str(exc)}
+            )
+            return
+        seen = {item.sandbox_id for item in found}
+        for item in found:
+            if item.sandbox_id in self._creating:
+                continue
+            record = await self.store.get_sandbox(item.sandbox_id)
+            if record is None:
+                await self._adopt(item)
+            elif record.live:
+                await self._sync(record, item)
+            else:
+                log.info(
+                    "removing the container of an ended sandbox",
+                    extra={"sandbox_id": item.sandbox_id, "status": record.status.value},
+                )
+                with contextlib.suppress(Exception):
+                    await self.backend.delete(item.sandbox_id)
+        for record in records:
+            sandbox_id = record.sandbox_id
+            if (
+                record.live
+                and sandbox_id not in seen
+                and sandbox_id not in creating
+                and sandbox_id not in self._creating
+            ):
+                await self.end(
+                    sandbox_id,
+                    SandboxStatus.FAILED,
+                    "its container no longer exists (removed outside Orchard, or never created)",
+                )
+
+    async def _sync(self, record: SandboxRecord, found: BackendSandbox) -> None:
+        if found.state in _DEAD_STATES:
+            await self.end(record.sandbox_id, SandboxStatus.FAILED, dead_reason(found))
+            return
+        if found.agent is not None and found.agent != record.agent:
+            await self._transition(record.sandbox_id, LIVE_STATUSES, agent=found.agent)
+        if record.status != SandboxStatus.READY:
+            self._start_readiness(record.sandbox_id, self.settings.ready_timeout_seconds)
+
+    async def _adopt(self, found: BackendSandbox) -> None:
+        now = self.clock()
+        record: SandboxRecord | None = None
+        if found.record_annotation:
+            try:
+                record = SandboxRecord.from_annotation(found.record_annotation)
+            except ValidationError as exc:
+                log.warning(
+                    "unreadable record annotation",
+                    extra={"sandbox_id": found.sandbox_id, "error": str(exc)},
+                )
+        if record is None or record.sandbox_id != found.sandbox_id:
+            record = SandboxRecord(
+                sandbox_id=found.sandbox_id,
+                image="unknown",
+                cpu=self.settings.default_cpu,
+                memory_bytes=self.settings.default_memory,
+                workdir=self.settings.default_workdir,
+                created_at=found.created_at,
+                ready_timeout_seconds=self.settings.ready_timeout_seconds,
+                ttl_seconds=self.settings.sandbox_ttl_seconds,
+                idle_timeout_seconds=self.settings.idle_timeout_seconds,
+                last_activity_at=now,
+                status_message="adopted without its record: image, size and owner are unknown",
+                backend=self.backend.name,
+            )
+        record = record.model_copy(
+            update={"agent": found.agent, "status": SandboxStatus.PENDING, "last_activity_at": now}
+        )
+        if not await self.store.insert_sandbox(record):
+            return
+        log.info("adopted an unrecorded sandbox", extra={"sandbox_id": record.sandbox_id})
+        await self.store.open_usage(
+            UsageRow(
+                sandbox_id=record.sandbox_id,
+                owner=record.owner,
+                image=record.image,
+                cpu=record.cpu,
+                memory_bytes=record.memory_bytes,
+                labels=record.labels,
+                started_at=found.created_at,
+            )
+        )
+        await self._sync(record, found)
+
+    async def expire(self, now: datetime) -> None:
+        """End sandboxes past their TTL, idle too long, or stuck starting."""
+        for record in await self.store.list_sandboxes():
+            sandbox_id = record.sandbox_id
+            if not record.live or sandbox_id in self._creating:
+                continue
+            ttl, idle = record.ttl_seconds, record.idle_timeout_seconds
+            if ttl and now >= record.created_at + timedelta(seconds=ttl):
+                await self.end(
+                    sandbox_id,
+                    SandboxStatus.DELETED,
+                    f"expired: its lifetime of {ttl} s (ttl_seconds) ran out",
+                )
+            elif (
+                idle
+                and record.status == SandboxStatus.READY
+                and sandbox_id not in self._in_use
+                and now >= record.last_activity_at + timedelta(seconds=idle)
+            ):
+                await self.end(
+                    sandbox_id,
+                    SandboxStatus.DELETED,
+                    f"expired: idle for {idle} s (idle_timeout_seconds); heartbeats keep it alive",
+                )
+            elif (
+                record.status != SandboxStatus.READY
+                and sandbox_id not in self._readiness
+                and now >= record.ready_deadline()
+            ):
+                await self.end(
+                    sandbox_id,
+                    SandboxStatus.FAILED,
+                    f"it did not become ready within {record.ready_timeout_seconds} s",
+                )
+
+    async def close(self) -> None:
+        tasks = list(self._readiness.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._readiness.clear()

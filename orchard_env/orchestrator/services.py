@@ -1,0 +1,63 @@
+"""Everything a request handler needs, built once per app in its lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from orchard_env.config import ServiceSettings
+from orchard_env.orchestrator.agents import AgentPool
+from orchard_env.orchestrator.backends.base import Backend
+from orchard_env.orchestrator.files import FileService
+from orchard_env.orchestrator.jobs import JobService
+from orchard_env.orchestrator.reaper import Reaper
+from orchard_env.orchestrator.sandboxes import SandboxService
+from orchard_env.orchestrator.store import Store
+
+
+@dataclass
+class Orchard:
+    settings: ServiceSettings
+    store: Store
+    backend: Backend
+    agents: AgentPool
+    sandboxes: SandboxService
+    jobs: JobService
+    files: FileService
+    reaper: Reaper
+    clock: Callable[[], datetime]
+
+    @classmethod
+    def build(
+        cls,
+        settings: ServiceSettings,
+        store: Store,
+        backend: Backend,
+        clock: Callable[[], datetime],
+    ) -> Orchard:
+        agents = AgentPool()
+        sandboxes = SandboxService(settings, store, backend, agents, clock)
+        jobs = JobService(settings, store, sandboxes, agents, clock)
+        return cls(
+            settings=settings,
+            store=store,
+            backend=backend,
+            agents=agents,
+            sandboxes=sandboxes,
+            jobs=jobs,
+            files=FileService(sandboxes, agents),
+            reaper=Reaper(settings, store, sandboxes, jobs, clock),
+            clock=clock,
+        )
+
+    async def start(self) -> None:
+        """Adopt what runs, fail what is gone, then pick up unfinished jobs."""
+        await self.sandboxes.reconcile()
+        await self.jobs.resume()
+
+    async def stop(self) -> None:
+        """Stop following jobs and probes; the sandboxes and their commands keep running."""
+        await self.jobs.close()
+        await self.sandboxes.close()
+        await self.agents.close()

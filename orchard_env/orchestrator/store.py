@@ -1,0 +1,632 @@
+"""The orchestrator's state: sandboxes, jobs, API keys and usage, behind one interface.
+
+:class:`Store` is the contract (SQLite today; Redis when several replicas run).
+:class:`SQLiteStore` keeps one connection on one dedicated thread, so every call is serialised
+without a lock, and commits each change before returning: a change the API acknowledged is on
+disk. The schema is versioned in a ``schema_migrations`` table and migrated on open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from orchard_env.config import ServiceSettings
+from orchard_env.errors import ConfigError
+from orchard_env.orchestrator.records import JobRecord, KeyRecord, SandboxRecord, UsageRow
+from orchard_env.protocol import ExecRequest, JobStatus, SandboxStatus
+
+T = TypeVar("T")
+
+DONE_JOB_STATUSES = tuple(s.value for s in JobStatus if s.done)
+
+
+class Store(Protocol):
+    """Durable orchestrator state. Every method returns after the change is durable."""
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    # sandboxes
+    async def insert_sandbox(self, record: SandboxRecord) -> bool:
+        """Add a record; False if a live (not deleted) one has that id. A deleted record with
+        the same id is replaced and its jobs dropped."""
+        ...
+
+    async def put_sandbox(self, record: SandboxRecord) -> None: ...
+
+    async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None: ...
+
+    async def list_sandboxes(
+        self, *, owner: str | None = None, include_deleted: bool = False
+    ) -> list[SandboxRecord]:
+        """Newest first; ``owner`` None means every owner."""
+        ...
+
+    async def remove_sandbox(self, sandbox_id: str) -> None:
+        """Forget a record and its jobs (a create that never happened, or a purge)."""
+        ...
+
+    async def purge_sandboxes(self, ended_before: datetime) -> int: ...
+
+    # jobs
+    async def insert_job(self, record: JobRecord) -> tuple[JobRecord, bool]:
+        """Insert unless the job_id exists; returns the stored row and whether it was new."""
+        ...
+
+    async def put_job(self, record: JobRecord) -> None: ...
+
+    async def get_job(self, job_id: str) -> JobRecord | None: ...
+
+    async def list_jobs(self, sandbox_id: str) -> list[JobRecord]:
+        """Newest first."""
+        ...
+
+    async def unfinished_jobs(self) -> list[JobRecord]: ...
+
+    async def purge_jobs(self, completed_before: datetime) -> int: ...
+
+    # API keys
+    async def insert_key(self, record: KeyRecord) -> bool: ...
+
+    async def get_key(self, key_id: str) -> KeyRecord | None: ...
+
+    async def list_keys(self) -> list[KeyRecord]: ...
+
+    async def put_key(self, record: KeyRecord) -> None: ...
+
+    async def count_active_keys(self) -> int: ...
+
+    # usage
+    async def open_usage(self, row: UsageRow) -> None:
+        """Start a usage row for a sandbox unless one is already open."""
+        ...
+
+    async def close_usage(self, sandbox_id: str, ended_at: datetime) -> None: ...
+
+    async def list_usage(
+        self, since: datetime, until: datetime, *, owner: str | None = None
+    ) -> list[UsageRow]:
+        """Rows overlapping [since, until]; ``owner`` None means every owner."""
+        ...
+
+
+# --- SQLite --------------------------------------------------------------------------------
+
+_MIGRATIONS: tuple[str, ...] = (
+    # 1: initial schema
+    """
+    CREATE TABLE sandboxes (
+        id TEXT PRIMARY KEY,
+        owner TEXT,
+        status TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        ended_at TEXT,
+        record TEXT NOT NULL
+    );
+    CREATE INDEX sandboxes_owner ON sandboxes(owner);
+    CREATE INDEX sandboxes_status ON sandboxes(status);
+    CREATE TABLE jobs (
+        job_id TEXT PRIMARY KEY,
+        sandbox_id TEXT NOT NULL,
+        owner TEXT,
+        status TEXT NOT NULL,
+        command TEXT NOT NULL,
+        request TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        started_at TEXT,
+        completed_at TEXT,
+        stdout TEXT NOT NULL DEFAULT '',
+        stderr TEXT NOT NULL DEFAULT '',
+        exit_code INTEGER,
+        timed_out INTEGER NOT NULL DEFAULT 0,
+        truncated INTEGER NOT NULL DEFAULT 0,
+        error TEXT
+    );
+    CREATE INDEX jobs_sandbox ON jobs(sandbox_id, created_at);
+    CREATE INDEX jobs_status ON jobs(status);
+    CREATE TABLE api_keys (
+        key_id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        sha256 TEXT NOT NULL UNIQUE,
+        admin INTEGER NOT NULL,
+        created_at TEXT NOT NULL,
+        revoked_at TEXT
+    );
+    CREATE TABLE usage (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        sandbox_id TEXT NOT NULL,
+        owner TEXT,
+        image TEXT NOT NULL,
+        cpu REAL NOT NULL,
+        memory_bytes INTEGER NOT NULL,
+        labels TEXT NOT NULL,
+        started_at TEXT NOT NULL,
+        ended_at TEXT
+    );
+    CREATE INDEX usage_sandbox ON usage(sandbox_id);
+    CREATE INDEX usage_started ON usage(started_at);
+    """,
+)
+
+
+def _ts(value: datetime) -> str:
+    """A UTC timestamp that sorts as text (fixed width, microseconds always present)."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _opt_ts(value: datetime | None) -> str | None:
+    return None if value is None else _ts(value)
+
+
+def _dt(value: str) -> datetime:
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+def _opt_dt(value: str | None) -> datetime | None:
+    return None if value is None else _dt(value)
+
+
+_JOB_COLUMNS = (
+    "job_id, sandbox_id, owner, status, command, request, created_at, started_at, "
+    "completed_at, stdout, stderr, exit_code, timed_out, truncated, error"
+)
+
+
+def _job_params(r: JobRecord) -> tuple[Any, ...]:
+    return (
+        r.job_id,
+        r.sandbox_id,
+        r.owner,
+        r.status.value,
+        r.command,
+        r.request.model_dump_json(),
+        _ts(r.created_at),
+        _opt_ts(r.started_at),
+        _opt_ts(r.completed_at),
+        r.stdout,
+        r.stderr,
+        r.exit_code,
+        int(r.timed_out),
+        int(r.truncated),
+        r.error,
+    )
+
+
+def _job_from_row(row: sqlite3.Row) -> JobRecord:
+    return JobRecord(
+        job_id=row["job_id"],
+        sandbox_id=row["sandbox_id"],
+        owner=row["owner"],
+        status=JobStatus(row["status"]),
+        command=row["command"],
+        request=ExecRequest.model_validate_json(row["request"]),
+        created_at=_dt(row["created_at"]),
+        started_at=_opt_dt(row["started_at"]),
+        completed_at=_opt_dt(row["completed_at"]),
+        stdout=row["stdout"],
+        stderr=row["stderr"],
+        exit_code=row["exit_code"],
+        timed_out=bool(row["timed_out"]),
+        truncated=bool(row["truncated"]),
+        error=row["error"],
+    )
+
+
+def _key_from_row(row: sqlite3.Row) -> KeyRecord:
+    return KeyRecord(
+        key_id=row["key_id"],
+        name=row["name"],
+        sha256=row["sha256"],
+        admin=bool(row["admin"]),
+        created_at=_dt(row["created_at"]),
+        revoked_at=_opt_dt(row["revoked_at"]),
+    )
+
+
+def _usage_from_row(row: sqlite3.Row) -> UsageRow:
+    return UsageRow(
+        sandbox_id=row["sandbox_id"],
+        owner=row["owner"],
+        image=row["image"],
+        cpu=row["cpu"],
+        memory_bytes=row["memory_bytes"],
+        labels=json.loads(row["labels"]),
+        started_at=_dt(row["started_at"]),
+        ended_at=_opt_dt(row["ended_at"]),
+    )
+
+
+class SQLiteStore:
+    """:class:`Store` on one SQLite file (WAL, ``synchronous=NORMAL``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+
+    # -- plumbing --
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._executor is None:
+            raise RuntimeError("the store is not open")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError("the store is not open")
+        return self._conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    async def open(self) -> None:
+        if self._executor is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orchard-store")
+        try:
+            await self._call(self._open_sync)
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            raise
+
+    def _open_sync(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            # The database holds key hashes and agent tokens: owner-only from the start.
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
+        try:
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=30.0
+            )
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(
+                f"cannot open the state database {self.path}: {exc}",
+                hint="check the file and its directory (ORCHARD_STATE_DIR), or move it aside",
+            ) from exc
+        self._conn = conn
+        self._migrate()
+
+    def _migrate(self) -> None:
+        db = self._db
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations "
+            "(version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
+        )
+        current = db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[
+            0
+        ]
+        if current > len(_MIGRATIONS):
+            raise ConfigError(
+                f"the state database {self.path} has schema version {current}, newer than this "
+                f"Orchard understands ({len(_MIGRATIONS)})",
+                hint="upgrade Orchard, or point ORCHARD_STATE_DIR elsewhere",
+            )
+        for version, script in enumerate(_MIGRATIONS[current:], start=current + 1):
+            with self._tx() as tx:
+                for statement in script.split(";"):
+                    if statement.strip():
+                        tx.execute(statement)
+                tx.execute(
+                    "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
+                    (version, _ts(datetime.now(UTC))),
+                )
+
+    async def close(self) -> None:
+        if self._executor is None:
+            return
+        await self._call(self._close_sync)
+        self._executor.shutdown(wait=True)
+        self._executor = None
+
+    def _close_sync(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- sandboxes --
+
+    async def insert_sandbox(self, record: SandboxRecord) -> bool:
+        return await self._call(self._insert_sandbox, record)
+
+    def _insert_sandbox(self, record: SandboxRecord) -> bool:
+        with self._tx() as tx:
+            row = tx.execute(
+                "SELECT status FROM sandboxes WHERE id = ?", (record.sandbox_id,)
+            ).fetchone()
+            if row is not None:
+                if row["status"] != SandboxStatus.DELETED.value:
+                    return False
+                tx.execute("DELETE FROM jobs WHERE sandbox_id = ?", (record.sandbox_id,))
+                tx.execute("DELETE FROM sandboxes WHERE id = ?", (record.sandbox_id,))
+            tx.execute(
+                "INSERT INTO sandboxes (id, owner, status, created_at, ended_at, record) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                self._sandbox_params(record),
+            )
+        return True
+
+    @staticmethod
+    def _sandbox_params(r: SandboxRecord) -> tuple[Any, ...]:
+        return (
+            r.sandbox_id,
+            r.owner,
+            r.status.value,
+            _ts(r.created_at),
+            _opt_ts(r.ended_at),
+            r.model_dump_json(),
+        )
+
+    async def put_sandbox(self, record: SandboxRecord) -> None:
+        await self._call(self._put_sandbox, record)
+
+    def _put_sandbox(self, record: SandboxRecord) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO sandboxes (id, owner, status, created_at, ended_at, record) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            self._sandbox_params(record),
+        )
+
+    async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
+        return await self._call(self._get_sandbox, sandbox_id)
+
+    def _get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
+        row = self._db.execute(
+            "SELECT record FROM sandboxes WHERE id = ?", (sandbox_id,)
+        ).fetchone()
+        return None if row is None else SandboxRecord.model_validate_json(row["record"])
+
+    async def list_sandboxes(
+        self, *, owner: str | None = None, include_deleted: bool = False
+    ) -> list[SandboxRecord]:
+        return await self._call(self._list_sandboxes, owner, include_deleted)
+
+    def _list_sandboxes(self, owner: str | None, include_deleted: bool) -> list[SandboxRecord]:
+        clauses, params = [], []
+        if owner is not None:
+            clauses.append("owner = ?")
+            params.append(owner)
+        if not include_deleted:
+            clauses.append("status != ?")
+            params.append(SandboxStatus.DELETED.value)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self._db.execute(
+            f"SELECT record FROM sandboxes {where} ORDER BY created_at DESC, id",  # noqa: S608
+            params,
+        ).fetchall()
+        return [SandboxRecord.model_validate_json(row["record"]) for row in rows]
+
+    async def remove_sandbox(self, sandbox_id: str) -> None:
+        await self._call(self._remove_sandbox, sandbox_id)
+
+    def _remove_sandbox(self, sandbox_id: str) -> None:
+        with self._tx() as tx:
+            tx.execute("DELETE FROM jobs WHERE sandbox_id = ?", (sandbox_id,))
+            tx.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
+
+    async def purge_sandboxes(self, ended_before: datetime) -> int:
+        return await self._call(self._purge_sandboxes, ended_before)
+
+    def _purge_sandboxes(self, ended_before: datetime) -> int:
+        with self._tx() as tx:
+            ids = [
+                row["id"]
+                for row in tx.execute(
+                    "SELECT id FROM sandboxes WHERE ended_at IS NOT NULL AND ended_at < ? "
+                    "AND status IN (?, ?)",
+                    (_ts(ended_before), SandboxStatus.DELETED.value, SandboxStatus.FAILED.value),
+                )
+            ]
+            for sandbox_id in ids:
+                tx.execute("DELETE FROM jobs WHERE sandbox_id = ?", (sandbox_id,))
+                tx.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
+        return len(ids)
+
+    # -- jobs --
+
+    async def insert_job(self, record: JobRecord) -> tuple[JobRecord, bool]:
+        return await self._call(self._insert_job, record)
+
+    def _insert_job(self, record: JobRecord) -> tuple[JobRecord, bool]:
+        with self._tx() as tx:
+            cursor = tx.execute(
+                f"INSERT OR IGNORE INTO jobs ({_JOB_COLUMNS}) "  # noqa: S608
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                _job_params(record),
+            )
+            if cursor.rowcount == 1:
+                return record, True
+            row = tx.execute(
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?",  # noqa: S608
+                (record.job_id,),
+            ).fetchone()
+        return _job_from_row(row), False
+
+    async def put_job(self, record: JobRecord) -> None:
+        await self._call(self._put_job, record)
+
+    def _put_job(self, record: JobRecord) -> None:
+        self._db.execute(
+            f"INSERT OR REPLACE INTO jobs ({_JOB_COLUMNS}) "  # noqa: S608
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            _job_params(record),
+        )
+
+    async def get_job(self, job_id: str) -> JobRecord | None:
+        return await self._call(self._get_job, job_id)
+
+    def _get_job(self, job_id: str) -> JobRecord | None:
+        row = self._db.execute(
+            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?",  # noqa: S608
+            (job_id,),
+        ).fetchone()
+        return None if row is None else _job_from_row(row)
+
+    async def list_jobs(self, sandbox_id: str) -> list[JobRecord]:
+        return await self._call(self._select_jobs, "sandbox_id = ?", (sandbox_id,))
+
+    async def unfinished_jobs(self) -> list[JobRecord]:
+        return await self._call(
+            self._select_jobs,
+            "status IN (?, ?)",
+            (JobStatus.QUEUED.value, JobStatus.RUNNING.value),
+        )
+
+    def _select_jobs(self, where: str, params: Iterable[Any]) -> list[JobRecord]:
+        rows = self._db.execute(
+            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE {where} "  # noqa: S608
+            "ORDER BY created_at DESC, job_id",
+            tuple(params),
+        ).fetchall()
+        return [_job_from_row(row) for row in rows]
+
+    async def purge_jobs(self, completed_before: datetime) -> int:
+        return await self._call(self._purge_jobs, completed_before)
+
+    def _purge_jobs(self, completed_before: datetime) -> int:
+        placeholders = ", ".join("?" for _ in DONE_JOB_STATUSES)
+        cursor = self._db.execute(
+            f"DELETE FROM jobs WHERE status IN ({placeholders}) "  # noqa: S608
+            "AND completed_at IS NOT NULL AND completed_at < ?",
+            (*DONE_JOB_STATUSES, _ts(completed_before)),
+        )
+        return cursor.rowcount
+
+    # -- keys --
+
+    async def insert_key(self, record: KeyRecord) -> bool:
+        return await self._call(self._insert_key, record)
+
+    def _insert_key(self, record: KeyRecord) -> bool:
+        cursor = self._db.execute(
+            "INSERT OR IGNORE INTO api_keys (key_id, name, sha256, admin, created_at, revoked_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                record.key_id,
+                record.name,
+                record.sha256,
+                int(record.admin),
+                _ts(record.created_at),
+                _opt_ts(record.revoked_at),
+            ),
+        )
+        return cursor.rowcount == 1
+
+    async def put_key(self, record: KeyRecord) -> None:
+        await self._call(self._put_key, record)
+
+    def _put_key(self, record: KeyRecord) -> None:
+        self._db.execute(
+            "UPDATE api_keys SET name = ?, admin = ?, revoked_at = ? WHERE key_id = ?",
+            (record.name, int(record.admin), _opt_ts(record.revoked_at), record.key_id),
+        )
+
+    async def get_key(self, key_id: str) -> KeyRecord | None:
+        return await self._call(self._get_key, key_id)
+
+    def _get_key(self, key_id: str) -> KeyRecord | None:
+        row = self._db.execute("SELECT * FROM api_keys WHERE key_id = ?", (key_id,)).fetchone()
+        return None if row is None else _key_from_row(row)
+
+    async def list_keys(self) -> list[KeyRecord]:
+        return await self._call(self._list_keys)
+
+    def _list_keys(self) -> list[KeyRecord]:
+        rows = self._db.execute("SELECT * FROM api_keys ORDER BY created_at, key_id").fetchall()
+        return [_key_from_row(row) for row in rows]
+
+    async def count_active_keys(self) -> int:
+        return await self._call(self._count_active_keys)
+
+    def _count_active_keys(self) -> int:
+        row = self._db.execute("SELECT COUNT(*) FROM api_keys WHERE revoked_at IS NULL").fetchone()
+        return int(row[0])
+
+    # -- usage --
+
+    async def open_usage(self, row: UsageRow) -> None:
+        await self._call(self._open_usage, row)
+
+    def _open_usage(self, row: UsageRow) -> None:
+        with self._tx() as tx:
+            existing = tx.execute(
+                "SELECT 1 FROM usage WHERE sandbox_id = ? AND ended_at IS NULL", (row.sandbox_id,)
+            ).fetchone()
+            if existing is None:
+                tx.execute(
+                    "INSERT INTO usage (sandbox_id, owner, image, cpu, memory_bytes, labels, "
+                    "started_at, ended_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        row.sandbox_id,
+                        row.owner,
+                        row.image,
+                        row.cpu,
+                        row.memory_bytes,
+                        json.dumps(row.labels, sort_keys=True),
+                        _ts(row.started_at),
+                        _opt_ts(row.ended_at),
+                    ),
+                )
+
+    async def close_usage(self, sandbox_id: str, ended_at: datetime) -> None:
+        await self._call(self._close_usage, sandbox_id, ended_at)
+
+    def _close_usage(self, sandbox_id: str, ended_at: datetime) -> None:
+        self._db.execute(
+            "UPDATE usage SET ended_at = ? WHERE sandbox_id = ? AND ended_at IS NULL",
+            (_ts(ended_at), sandbox_id),
+        )
+
+    async def list_usage(
+        self, since: datetime, until: datetime, *, owner: str | None = None
+    ) -> list[UsageRow]:
+        return await self._call(self._list_usage, since, until, owner)
+
+    def _list_usage(self, since: datetime, until: datetime, owner: str | None) -> list[UsageRow]:
+        sql = "SELECT * FROM usage WHERE started_at < ? AND (ended_at IS NULL OR ended_at > ?)"
+        params: list[Any] = [_ts(until), _ts(since)]
+        if owner is not None:
+            sql += " AND owner = ?"
+            params.append(owner)
+        rows = self._db.execute(sql + " ORDER BY started_at, id", params).fetchall()
+        return [_usage_from_row(row) for row in rows]
+
+
+@asynccontextmanager
+async def open_store(settings: ServiceSettings) -> AsyncIterator[SQLiteStore]:
+    """The service's SQLite store (``<state_dir>/orchard.db``), opened and closed around a block.
+
+    For tools that work on the state while the service is stopped or running (the CLI's
+    bootstrap of the first admin key): SQLite in WAL mode lets both write safely.
+    """
+    store = SQLiteStore(settings.db_path)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
