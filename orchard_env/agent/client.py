@@ -18,7 +18,7 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
@@ -197,12 +197,14 @@ class AgentClient:
         login_shell: bool = False,
         stdin: bytes | None = None,
         max_output_bytes: int | None = None,
-    ) -> AsyncIterator[AgentEvent]:
+    ) -> AsyncGenerator[AgentEvent, None]:
         """Run ``command`` (a string: ``/bin/sh -c``; a list: argv) and stream its events.
 
         Yields :class:`Output` chunks while it runs and one final :class:`Exit`. Submitting a
         known ``job_id`` again attaches to that job (output replayed from the start) instead
         of running it again. ``timeout`` is enforced by the agent (None: no limit).
+        ``aclose()`` on the stream drops the connection; the job keeps running (see
+        :meth:`attach`, :meth:`cancel`).
         """
         payload: dict[str, Any] = {
             "job_id": job_id,
@@ -218,7 +220,7 @@ class AgentClient:
         read_timeout = None if timeout is None else timeout + 30.0
         return self._job_stream("POST", "/exec", payload, read_timeout)
 
-    def attach(self, job_id: str) -> AsyncIterator[AgentEvent]:
+    def attach(self, job_id: str) -> AsyncGenerator[AgentEvent, None]:
         """Follow a job the agent knows: its output from the start, then live, then its exit."""
         return self._job_stream("GET", f"/exec/{job_id}", None, None)
 
@@ -229,7 +231,7 @@ class AgentClient:
 
     async def _job_stream(
         self, method: str, url: str, payload: dict[str, Any] | None, read_timeout: float | None
-    ) -> AsyncIterator[AgentEvent]:
+    ) -> AsyncGenerator[AgentEvent, None]:
         delivered = {"stdout": 0, "stderr": 0}
         timeout = httpx.Timeout(self._timeout, read=read_timeout)
         for delay in (*RESUME_DELAYS, None):

@@ -1,0 +1,128 @@
+"""Fixtures for the agent tests: the real ``server.py`` started as a subprocess of the host
+Python on a unix socket, driven through :class:`AgentClient`."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from orchard_env.agent.client import AgentClient, AgentEvent, Exit, Output
+
+SERVER = Path(__file__).resolve().parents[2] / "orchard_env" / "agent" / "server.py"
+TOKEN = "test-token-0123456789"
+
+
+@dataclass
+class RunningAgent:
+    socket: str
+    token: str
+    workdir: Path
+    process: subprocess.Popen[bytes]
+
+    def client(self, token: str | None = None) -> AgentClient:
+        return AgentClient(token=token or self.token, uds=self.socket, timeout=10.0)
+
+
+@dataclass
+class Result:
+    stdout: bytes
+    stderr: bytes
+    exit: Exit
+    events: list[AgentEvent]
+
+
+async def collect(events: AsyncIterator[AgentEvent]) -> Result:
+    """Drain an exec/attach stream: the output per stream, the exit, and every event."""
+    seen: list[AgentEvent] = []
+    out = {"stdout": b"", "stderr": b""}
+    async for event in events:
+        seen.append(event)
+        if isinstance(event, Output):
+            out[event.stream] += event.data
+    final = seen[-1]
+    assert isinstance(final, Exit)
+    assert all(isinstance(e, Output) for e in seen[:-1])
+    return Result(out["stdout"], out["stderr"], final, seen)
+
+
+async def poll_until(check: Callable[[], bool], what: str, limit: float = 10.0) -> None:
+    """Poll ``check`` every 20 ms until it holds; fail naming ``what`` after ``limit`` s."""
+    deadline = time.monotonic() + limit
+    for attempt in itertools.count():
+        if check():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: still not true after {limit} s ({attempt} checks)")
+        await asyncio.sleep(0.02)
+
+
+def process_gone(pid: int) -> bool:
+    """True once ``pid`` no longer runs (exited, or a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def start_agent(
+    argv: list[str], listen: str, env: dict[str, str], workdir: Path
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*argv, "--listen", listen],
+        env={"PATH": os.environ["PATH"], "ORCHARD_AGENT_WORKDIR": str(workdir), **env},
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def stop_agent(process: subprocess.Popen[bytes]) -> int:
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=10)
+    finally:
+        if process.stderr is not None:
+            process.stderr.close()
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short directory for unix sockets (their paths are limited to 108 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="oa-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def agent_server(tmp_path: Path, short_dir: Path) -> AsyncIterator[RunningAgent]:
+    workdir = tmp_path / "workspace"
+    socket = str(short_dir / "agent.sock")
+    process = start_agent(
+        [sys.executable, "-I", str(SERVER)],
+        f"unix:{socket}",
+        {"ORCHARD_AGENT_TOKEN": TOKEN},
+        workdir,
+    )
+    running = RunningAgent(socket, TOKEN, workdir, process)
+    async with running.client() as client:
+        await client.wait_ready(15)
+    yield running
+    assert stop_agent(process) == 0
+
+
+@pytest.fixture
+async def agent(agent_server: RunningAgent) -> AsyncIterator[AgentClient]:
+    async with agent_server.client() as client:
+        yield client

@@ -1,0 +1,296 @@
+"""Exec through AgentClient against the real agent process (service tier, no containers)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from orchard_env import errors
+from orchard_env.agent.client import AgentClient, Exit, Output
+from tests.agent.conftest import (
+    SERVER,
+    TOKEN,
+    RunningAgent,
+    collect,
+    poll_until,
+    process_gone,
+    start_agent,
+    stop_agent,
+)
+
+
+async def test_string_command_runs_through_sh(agent: AgentClient) -> None:
+    result = await collect(agent.exec("j1", "echo out; echo err >&2; exit 3"))
+    assert result.stdout == b"out\n"
+    assert result.stderr == b"err\n"
+    assert result.exit.exit_code == 3
+    assert result.exit.signal is None
+    assert not (result.exit.timed_out or result.exit.cancelled or result.exit.truncated)
+    assert result.exit.error is None
+    assert 0 < result.exit.duration < 10
+
+
+async def test_argv_command_is_not_split_by_a_shell(agent: AgentClient) -> None:
+    result = await collect(agent.exec("j1", ["printf", "%s|", "a b", "$HOME", "*"]))
+    assert result.stdout == b"a b|$HOME|*|"
+    assert result.exit.exit_code == 0
+
+
+async def test_events_keep_the_order_of_the_streams(agent: AgentClient) -> None:
+    command = "echo a; sleep 0.05; echo b >&2; sleep 0.05; echo c; sleep 0.05; echo d >&2"
+    result = await collect(agent.exec("j1", command))
+    outputs = [(e.stream, e.data) for e in result.events if isinstance(e, Output)]
+    assert outputs == [
+        ("stdout", b"a\n"),
+        ("stderr", b"b\n"),
+        ("stdout", b"c\n"),
+        ("stderr", b"d\n"),
+    ]
+
+
+async def test_output_streams_while_the_command_runs(agent: AgentClient) -> None:
+    events = agent.exec("j1", "echo first; sleep 60", timeout=120)
+    first = await asyncio.wait_for(anext(events), 10)
+    assert first == Output("stdout", b"first\n")
+    assert await agent.cancel("j1") is True
+    final = await asyncio.wait_for(anext(events), 10)
+    assert isinstance(final, Exit)
+    assert final.cancelled and final.signal == 9 and final.exit_code is None
+    assert not final.timed_out
+
+
+async def test_environment_is_the_agents_minus_its_own_plus_the_requests(
+    tmp_path: Path, short_dir: Path
+) -> None:
+    socket = str(short_dir / "a.sock")
+    env = {
+        "ORCHARD_AGENT_TOKEN": TOKEN,
+        "ORCHARD_AGENT_EXTRA": "agent-only",
+        "PYTHONHOME": sys.prefix,  # points into the agent's own interpreter: dropped
+        "PYTHONPATH": "/image/lib",  # the image's own: kept
+        "IMAGE_VAR": "from-image",
+    }
+    process = start_agent([sys.executable, "-I", str(SERVER)], f"unix:{socket}", env, tmp_path)
+    try:
+        async with AgentClient(token=TOKEN, uds=socket) as client:
+            await client.wait_ready(15)
+            result = await collect(client.exec("env", ["env"], env={"REQ": "1", "IMAGE_VAR": "x"}))
+    finally:
+        assert stop_agent(process) == 0
+    lines = set(result.stdout.decode().splitlines())
+    assert {"REQ=1", "IMAGE_VAR=x", "PYTHONPATH=/image/lib"} <= lines
+    names = {line.split("=", 1)[0] for line in lines}
+    assert not names & {"ORCHARD_AGENT_TOKEN", "ORCHARD_AGENT_EXTRA", "ORCHARD_AGENT_WORKDIR"}
+    assert "PYTHONHOME" not in names
+    assert "LC_CTYPE" not in names  # set by the interpreter's locale coercion, not by the user
+
+
+async def test_cwd_defaults_to_the_workdir_and_resolves_relative_paths(
+    agent: AgentClient, agent_server: RunningAgent
+) -> None:
+    (agent_server.workdir / "sub").mkdir()
+    assert (await collect(agent.exec("a", "pwd"))).stdout.decode().strip() == str(
+        agent_server.workdir
+    )
+    result = await collect(agent.exec("b", "pwd", cwd="sub"))
+    assert result.stdout.decode().strip() == str(agent_server.workdir / "sub")
+    assert (await collect(agent.exec("c", "pwd", cwd="/tmp"))).stdout == b"/tmp\n"
+
+
+async def test_missing_cwd_is_an_error_not_a_fallback(agent: AgentClient) -> None:
+    with pytest.raises(errors.InvalidRequest) as caught:
+        await collect(agent.exec("j1", "pwd", cwd="/no/such/dir"))
+    assert caught.value.message == "cwd /no/such/dir does not exist"
+
+
+async def test_missing_binary_reports_its_name_with_exit_127(agent: AgentClient) -> None:
+    result = await collect(agent.exec("argv", ["no-such-binary-xyz", "--flag"]))
+    assert result.exit.exit_code == 127
+    assert result.exit.error == "command not found: no-such-binary-xyz"
+    shell = await collect(agent.exec("shell", "no-such-binary-xyz"))
+    assert shell.exit.exit_code == 127
+    assert b"no-such-binary-xyz" in shell.stderr
+
+
+async def test_stdin_is_fed_to_the_command(agent: AgentClient) -> None:
+    data = bytes(range(256)) * 1024  # more than a pipe buffer
+    result = await collect(agent.exec("j1", ["sha256sum"], stdin=data))
+    assert result.stdout.split()[0].decode() == hashlib.sha256(data).hexdigest()
+    no_stdin = await collect(agent.exec("j2", "cat"))
+    assert no_stdin.stdout == b"" and no_stdin.exit.exit_code == 0
+
+
+async def test_output_is_capped_per_stream_and_flagged(agent: AgentClient) -> None:
+    command = "head -c 300000 /dev/zero; head -c 10 /dev/zero >&2; echo done >&2"
+    result = await collect(agent.exec("j1", command, max_output_bytes=1000))
+    assert result.stdout == b"\0" * 1000
+    assert result.stderr == b"\0" * 10 + b"done\n"
+    assert result.exit.truncated is True
+    assert result.exit.exit_code == 0  # the command was not blocked: the pipe was drained
+    small = await collect(agent.exec("j2", "echo ok", max_output_bytes=1000))
+    assert small.exit.truncated is False
+
+
+async def test_timeout_kills_the_whole_process_tree(agent: AgentClient) -> None:
+    result = await collect(agent.exec("j1", "sleep 300 & echo $!; wait", timeout=0.5))
+    assert result.exit.timed_out is True
+    assert result.exit.exit_code is None and result.exit.signal == 9
+    assert not result.exit.cancelled
+    grandchild = int(result.stdout)
+    await poll_until(lambda: process_gone(grandchild), f"sleep {grandchild} is killed")
+    # the agent itself is unharmed
+    assert (await agent.health())["status"] == "ok"
+
+
+async def test_exit_124_is_not_a_timeout(agent: AgentClient) -> None:
+    result = await collect(agent.exec("j1", "exit 124", timeout=30))
+    assert result.exit.exit_code == 124
+    assert result.exit.timed_out is False
+
+
+async def test_cancel(agent: AgentClient) -> None:
+    events = agent.exec("j1", "echo started; sleep 60")
+    assert await anext(events) == Output("stdout", b"started\n")
+    assert await agent.cancel("j1") is True
+    final = await anext(events)
+    assert isinstance(final, Exit) and final.cancelled and final.signal == 9
+    assert await agent.cancel("j1") is False  # already finished
+    with pytest.raises(errors.JobNotFound):
+        await agent.cancel("unknown-job")
+
+
+async def test_same_job_id_never_runs_twice(agent: AgentClient, agent_server: RunningAgent) -> None:
+    command = "echo run >> runs.txt; echo done"
+    first = await collect(agent.exec("once", command))
+    second = await collect(agent.exec("once", command))
+    assert first.stdout == second.stdout == b"done\n"
+    assert first.exit == second.exit
+    assert (agent_server.workdir / "runs.txt").read_text() == "run\n"
+    with pytest.raises(errors.Conflict) as caught:
+        await collect(agent.exec("once", "echo something else"))
+    assert caught.value.message == "job_id once is already used by a different command"
+
+
+async def test_attach_after_disconnect_replays_then_follows(agent: AgentClient) -> None:
+    events = agent.exec("j1", "echo one; read go < fifo; echo two", timeout=60)
+    # the command blocks on a fifo we open later, so "two" comes after we reattached
+    await collect(agent.exec("mk", "mkfifo fifo"))
+    assert await anext(events) == Output("stdout", b"one\n")
+    await events.aclose()  # the connection goes away; the job keeps running
+    attached = agent.attach("j1")
+    assert await anext(attached) == Output("stdout", b"one\n")
+    await collect(agent.exec("go", "echo go > fifo"))
+    rest = await collect(attached)
+    assert rest.stdout == b"two\n" and rest.exit.exit_code == 0
+    with pytest.raises(errors.JobNotFound):
+        await collect(agent.attach("unknown-job"))
+
+
+async def test_a_dropped_stream_is_resumed_without_rerunning(
+    agent_server: RunningAgent, short_dir: Path
+) -> None:
+    """A proxy cuts the first connection mid-stream: the client re-attaches by job_id, skips
+    what it already delivered, and the command still ran once."""
+    proxy_path = str(short_dir / "proxy.sock")
+    cut = asyncio.Event()
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, watch: bool) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+                if watch and b'"t":"o"' in data and not cut.is_set():
+                    cut.set()
+                    raise ConnectionResetError
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    connections: list[asyncio.Future[tuple[None, None]]] = []
+
+    async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        agent_r, agent_w = await asyncio.open_unix_connection(agent_server.socket)
+        both = asyncio.gather(pipe(client_r, agent_w, False), pipe(agent_r, client_w, True))
+        connections.append(both)
+        await both
+
+    server = await asyncio.start_unix_server(handle, proxy_path)
+    command = "echo run >> runs.txt; echo first; sleep 0.3; echo second"
+    async with server:
+        async with AgentClient(token=agent_server.token, uds=proxy_path) as client:
+            result = await collect(client.exec("resumed", command))
+        await asyncio.wait_for(asyncio.gather(*connections), 10)
+    assert cut.is_set()
+    assert len(connections) == 2
+    assert result.stdout == b"first\nsecond\n"
+    assert result.exit.exit_code == 0
+    assert (agent_server.workdir / "runs.txt").read_text() == "run\n"
+
+
+async def test_auth_is_required_except_for_health(agent_server: RunningAgent) -> None:
+    async with agent_server.client(token="wrong-token") as bad:
+        assert (await bad.health())["status"] == "ok"
+        with pytest.raises(errors.AuthenticationRequired) as caught:
+            await collect(bad.exec("j1", "true"))
+        assert caught.value.message == "invalid agent token"
+        with pytest.raises(errors.AuthenticationRequired):
+            await bad.list_dir("/")
+        with pytest.raises(errors.AuthenticationRequired):
+            await bad.open_pty()
+    transport = httpx.AsyncHTTPTransport(uds=agent_server.socket)
+    async with httpx.AsyncClient(transport=transport, base_url="http://agent") as raw:
+        response = await raw.post("/exec", json={"command": "true"})
+    assert response.status_code == 401
+    assert response.json() == {
+        "code": "unauthenticated",
+        "message": "missing 'Authorization: Bearer <token>' header",
+    }
+
+
+async def test_unreachable_agent_is_agent_unavailable(short_dir: Path) -> None:
+    async with AgentClient(token="t", uds=str(short_dir / "none.sock")) as client:
+        with pytest.raises(errors.AgentUnavailable):
+            await client.health()
+        started = time.monotonic()
+        with pytest.raises(errors.AgentUnavailable) as caught:
+            await client.wait_ready(0.3)
+        assert time.monotonic() - started < 3
+        assert "did not answer within 0.3 s" in caught.value.message
+
+
+def test_client_needs_exactly_one_address() -> None:
+    with pytest.raises(errors.InvalidRequest):
+        AgentClient(token="t")
+    with pytest.raises(errors.InvalidRequest):
+        AgentClient(token="t", uds="/x.sock", base_url="http://x:1")
+
+
+@pytest.fixture
+def tcp_port(tmp_path: Path) -> Iterator[int]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    argv = [sys.executable, "-I", str(SERVER)]
+    process = start_agent(argv, f"tcp:127.0.0.1:{port}", {"ORCHARD_AGENT_TOKEN": TOKEN}, tmp_path)
+    yield port
+    assert stop_agent(process) == 0
+
+
+async def test_agent_over_tcp(tcp_port: int) -> None:
+    async with AgentClient(token=TOKEN, base_url=f"http://127.0.0.1:{tcp_port}") as client:
+        await client.wait_ready(15)
+        result = await collect(client.exec("j1", "echo tcp"))
+        assert result.stdout == b"tcp\n"
+        pty = await client.open_pty()
+        await pty.send({"type": "init", "cmd": ["sh", "-c", "exit 5"]})
+        assert (await pty.recv() or {}).get("type") == "ready"
+        assert await pty.recv() == {"type": "exit", "code": 5}
