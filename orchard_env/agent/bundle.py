@@ -5,10 +5,12 @@ Mounted read-only into any sandbox (``BUNDLE_MOUNT``), it runs the agent without
 image's own PATH, libc or Python, and without Python or bash in the image at all::
 
     <mount>/lib/ld-linux-x86-64.so.2 --inhibit-cache --library-path <mount>/lib \\
-        <mount>/bin/python3 -I -S <mount>/agent/server.py --listen unix:/run/orchard/agent.sock
+        <mount>/bin/python3 -I -S <mount>/agent/server.pyc --listen unix:/run/orchard/agent.sock
 
 Layout: ``bin/python3``, ``lib/`` (shared libraries and the loader), ``lib/python3.X/`` (the
-stdlib, ``lib-dynload`` inside), ``agent/server.py``, ``bundle.json`` (what it was built from).
+stdlib, ``lib-dynload`` inside), ``agent/server.py`` and its bytecode ``agent/server.pyc``
+(run directly: compiling the script at every start would cost time and about 3 MB of the
+agent's resident memory), ``bundle.json`` (what it was built from).
 
 The interpreter finds its stdlib by itself: it looks for ``lib/python3.X/os.py`` next to its
 own ``bin/`` (Python's landmark search), so no ``PYTHONHOME`` or ``LD_LIBRARY_PATH`` is set
@@ -35,7 +37,7 @@ RUN_DIR_MOUNT = "/run/orchard"
 SOCKET_NAME = "agent.sock"
 DEFAULT_PYTHON = Path("/usr/bin/python3.11")
 MIN_PYTHON = (3, 11)
-BUNDLE_FORMAT = 1  # bump when the layout or the pruning changes: ensure_bundle rebuilds
+BUNDLE_FORMAT = 2  # bump when the layout or the pruning changes: ensure_bundle rebuilds
 SERVER_SOURCE = Path(__file__).with_name("server.py")
 MANIFEST = "bundle.json"
 
@@ -108,7 +110,7 @@ print(json.dumps({
 _VERIFY = """
 import os, runpy, sys
 root = sys.argv[1]
-runpy.run_path(root + "/agent/server.py", run_name="orchard_agent_check")
+runpy.run_path(root + "/agent/server.pyc", run_name="orchard_agent_check")
 outside = set()
 with open("/proc/self/maps") as maps:
     for line in maps:
@@ -156,7 +158,7 @@ def launch_argv(
         f"{mount}/bin/python3",
         "-I",
         "-S",
-        f"{mount}/agent/server.py",
+        f"{mount}/agent/server.pyc",
         "--listen",
         listen,
     ]
@@ -316,6 +318,12 @@ def _populate(root: Path, python: Path) -> None:
 
     (root / "agent").mkdir()
     shutil.copy2(SERVER_SOURCE, root / "agent" / "server.py")
+    _run_bundled(
+        root,
+        "import py_compile, sys; py_compile.compile(sys.argv[1], sys.argv[2], doraise=True)",
+        str(root / "agent" / "server.py"),
+        str(root / "agent" / "server.pyc"),
+    )
     (root / MANIFEST).write_text(
         json.dumps(
             {
@@ -333,13 +341,12 @@ def _populate(root: Path, python: Path) -> None:
     root.chmod(0o755)  # mkdtemp made it 0700; the agent may run as any user of the image
 
 
-def verify_bundle(root: Path) -> None:
-    """Start the bundled interpreter with an empty environment and check that the agent's
-    modules load, and load only from the bundle (its own libc and stdlib, never the host's)."""
+def _run_bundled(root: Path, code: str, *args: str) -> None:
+    """Run ``code`` with the bundle's own interpreter, loader and libraries (empty env)."""
     argv = launch_argv(str(root))
     python_argv = argv[: argv.index("-S") + 1]
     result = subprocess.run(
-        [*python_argv, "-c", _VERIFY, str(root)],
+        [*python_argv, "-c", code, *args],
         capture_output=True,
         text=True,
         check=False,
@@ -353,6 +360,12 @@ def verify_bundle(root: Path) -> None:
             f"{(result.stderr or result.stdout).strip()[-2000:]}",
             hint="build it from another interpreter (python=), or report this",
         )
+
+
+def verify_bundle(root: Path) -> None:
+    """Start the bundled interpreter with an empty environment and check that the agent's
+    modules load, and load only from the bundle (its own libc and stdlib, never the host's)."""
+    _run_bundled(root, _VERIFY, str(root))
 
 
 def build_bundle(dest: Path, python: Path | None = None) -> Path:
