@@ -1,0 +1,670 @@
+"""The synchronous client (``httpx.Client``) and its sandbox handle.
+
+Everything here is I/O: the requests, retries and decisions are the flows of
+:mod:`orchard_env.sdk._flows`, shared with :mod:`orchard_env.sdk.aio`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self, TypeVar, cast, overload
+
+import httpx
+
+from orchard_env import errors, protocol
+from orchard_env.sdk import _cleanup
+from orchard_env.sdk import _flows as flows
+from orchard_env.sdk._base import ClientCore, Flow, Send, Sleep, transport_error
+from orchard_env.sdk._handle import (
+    CHUNK,
+    OutputSink,
+    PartFile,
+    SandboxBase,
+    emit,
+    file_mode,
+    keep_beating,
+    local_file,
+)
+from orchard_env.sdk.pty import PtyProcess, init_frame, ws_url
+from orchard_env.sdk.results import ExecResult, FileEntry, Health, PatchResult, UploadResult
+
+logger = logging.getLogger("orchard_env.sdk")
+
+_T = TypeVar("_T")
+_MAX_PARALLEL_DELETES = 16
+
+
+class SandboxClient:
+    """A connection to an Orchard service (alias-compatible with upstream Orchard Env).
+
+    Where it connects: ``base_url``/``api_key`` arguments, else ``ORCHARD_URL`` /
+    ``ORCHARD_API_KEY``, else upstream's ``SANDBOX_BASE_URL`` / ``SANDBOX_API_KEY``, else the
+    config file's context (``context=`` or the current one), else ``http://127.0.0.1:8000``.
+    ``prefix`` (or ``SANDBOX_PREFIX``) makes sandbox ids ``<prefix>-<8 hex>``.
+
+    ``retries`` is how many times a failed request is tried again (connection errors and
+    503 only, with exponential backoff); ``timeout`` is the default read timeout in seconds.
+    With ``auto_cleanup`` the sandboxes this client created are deleted by ``close()``, on
+    leaving ``with``, at interpreter exit and on SIGINT/SIGTERM. ``transport`` replaces the
+    network (e.g. ``httpx.MockTransport`` in tests); PTY sessions always use the network.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        timeout: float = 1200,
+        auto_cleanup: bool = True,
+        api_key: str | None = None,
+        prefix: str | None = None,
+        *,
+        context: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+        retries: int = 3,
+    ) -> None:
+        self._core = ClientCore(
+            base_url=base_url,
+            timeout=timeout,
+            auto_cleanup=auto_cleanup,
+            api_key=api_key,
+            prefix=prefix,
+            context=context,
+            retries=retries,
+        )
+        self._http = httpx.Client(
+            base_url=self._core.base_url,
+            headers=self._core.headers,
+            timeout=self._core.http_timeout(),
+            transport=transport,
+        )
+        self._sleep: Callable[[float], None] = time.sleep
+        self._heartbeats: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+        if auto_cleanup:
+            target = _cleanup.Target(
+                self._core.base_url, tuple(self._core.headers.items()), transport
+            )
+            self._core.on_tracking(
+                partial(_cleanup.track, target), partial(_cleanup.untrack, target)
+            )
+
+    @property
+    def base_url(self) -> str:
+        return self._core.base_url
+
+    @property
+    def api_key(self) -> str | None:
+        return self._core.api_key
+
+    @property
+    def prefix(self) -> str | None:
+        return self._core.prefix
+
+    @property
+    def timeout(self) -> float:
+        return self._core.timeout
+
+    @property
+    def is_closed(self) -> bool:
+        return self._http.is_closed
+
+    # --- sandboxes ---------------------------------------------------------------------------
+
+    def create_sandbox(
+        self,
+        image: str,
+        block_network: bool = True,
+        sandbox_id: str | None = None,
+        cpu: str | float | None = None,
+        memory: str | int | None = None,
+        timeout: int | None = None,
+        wait_ready: bool = True,
+        poll_interval: float = 1.0,
+        *,
+        labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        ttl_seconds: int | None = None,
+        idle_timeout_seconds: int | None = None,
+    ) -> Sandbox:
+        """Create a sandbox and (``wait_ready``) wait until it runs; return its handle.
+
+        ``timeout`` is how long it may take to become ready (default 3600 s). If it fails to
+        start, times out or the wait is interrupted (Ctrl-C), the sandbox is deleted and the
+        error raised: :class:`~orchard_env.errors.SandboxNotReady` with the reason,
+        :class:`~orchard_env.errors.Timeout` (also a ``TimeoutError``).
+        """
+        request = flows.create_request(
+            self._core,
+            image=image,
+            block_network=block_network,
+            sandbox_id=sandbox_id,
+            cpu=cpu,
+            memory=memory,
+            timeout=timeout,
+            labels=labels,
+            env=env,
+            workdir=workdir,
+            ttl_seconds=ttl_seconds,
+            idle_timeout_seconds=idle_timeout_seconds,
+        )
+        info = self._run(
+            flows.create_sandbox(
+                self._core, request, wait_ready=wait_ready, poll_interval=poll_interval
+            )
+        )
+        return Sandbox(self, info)
+
+    def get_sandbox(self, sandbox_id: str) -> Sandbox:
+        """A handle to an existing sandbox (raises SandboxNotFound for unknown ids)."""
+        return Sandbox(self, self._run(flows.get_sandbox(self._core, sandbox_id)))
+
+    def list_sandboxes(
+        self,
+        labels: Mapping[str, str] | None = None,
+        status: str | protocol.SandboxStatus | None = None,
+        *,
+        include_deleted: bool = False,
+    ) -> list[protocol.SandboxInfo]:
+        """Sandboxes visible to this key, optionally only those with all ``labels``."""
+        return self._run(flows.list_sandboxes(self._core, labels, status, include_deleted))
+
+    def delete_sandbox(self, sandbox_id: str, missing_ok: bool = False) -> bool:
+        """Delete a sandbox; True if deleted now, False if already gone (with ``missing_ok``)."""
+        return self._run(flows.delete_sandbox(self._core, sandbox_id, missing_ok=missing_ok))
+
+    def cleanup_all(self) -> list[str]:
+        """Delete every sandbox this client created and has not deleted; return the ids
+        deleted. Deletes run in parallel with a short timeout; failures are logged, not
+        raised (those sandboxes stay tracked for the next attempt).
+        """
+        ids = self._core.created()
+        if not ids:
+            return []
+        with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL_DELETES, len(ids))) as pool:
+            done = list(pool.map(lambda sid: self._run(flows.discard(self._core, sid)), ids))
+        return [sid for sid, ok in zip(ids, done, strict=True) if ok]
+
+    # --- jobs --------------------------------------------------------------------------------
+
+    def get_job(self, job_id: str) -> ExecResult:
+        return self._run(flows.get_job(self._core, job_id))
+
+    def wait_job(self, job_id: str, timeout: float = 300, poll_interval: float = 0.1) -> ExecResult:
+        """Wait up to ``timeout`` seconds for a job to finish; return its state either way."""
+        return self._run(
+            flows.wait_job(self._core, job_id, timeout=timeout, poll_interval=poll_interval)
+        )
+
+    def cancel_job(self, job_id: str) -> ExecResult:
+        """Kill a job's process tree; the job ends as ``cancelled``."""
+        return self._run(flows.cancel_job(self._core, job_id))
+
+    # --- service -----------------------------------------------------------------------------
+
+    def health(self) -> Health:
+        return self._run(flows.health(self._core))
+
+    def resources(self) -> dict[str, Any]:
+        return self._run(flows.resources(self._core))
+
+    def usage(
+        self, since: datetime | str | None = None, until: datetime | str | None = None
+    ) -> protocol.UsageReport:
+        """Sandbox-seconds per sandbox in the period (an admin key sees every key's)."""
+        return self._run(flows.usage(self._core, since, until))
+
+    def create_key(self, name: str, admin: bool = False) -> protocol.KeyCreated:
+        """Create an API key (admin only); its secret is in the result and nowhere else."""
+        return self._run(flows.create_key(self._core, name, admin))
+
+    def list_keys(self) -> list[protocol.KeyInfo]:
+        return self._run(flows.list_keys(self._core))
+
+    def revoke_key(self, key_id: str) -> protocol.KeyInfo:
+        return self._run(flows.revoke_key(self._core, key_id))
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop heartbeats, delete created sandboxes (``auto_cleanup``), close connections."""
+        if self._http.is_closed:
+            return
+        for sandbox in list(self._heartbeats):
+            sandbox.stop_heartbeat()
+        try:
+            if self._core.auto_cleanup:
+                self.cleanup_all()
+        finally:
+            self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SandboxClient(base_url={self.base_url!r})"
+
+    # --- the driver --------------------------------------------------------------------------
+
+    def _run(self, flow: Flow[_T]) -> _T:
+        """Run a flow to its end with blocking I/O."""
+        value: object = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = flow.throw(error) if error is not None else flow.send(value)
+            except StopIteration as stop:
+                return cast(_T, stop.value)
+            value, error = None, None
+            try:
+                value = self._perform(step)
+            except BaseException as exc:  # the flow decides: retry, clean up or re-raise
+                error = exc
+
+    def _perform(self, step: Send | Sleep) -> object:
+        if isinstance(step, Sleep):
+            self._sleep(step.seconds)
+            return None
+        request = self._http.build_request(
+            step.method,
+            step.path,
+            params=tuple(step.params),
+            json=step.json,
+            content=cast(Any, step.content()) if step.content is not None else None,
+            headers=step.headers,
+            timeout=self._core.http_timeout(step.timeout),
+        )
+        response = self._http.send(request, stream=step.stream)
+        if step.stream and response.is_error:
+            try:
+                response.read()
+            finally:
+                response.close()
+        return response
+
+    def _exec_events(
+        self, sandbox_id: str, request: protocol.ExecRequest
+    ) -> Iterator[protocol.ExecEvent]:
+        replay = flows.StreamReplay(self._core, sandbox_id)
+        while True:
+            response = self._run(flows.open_exec_stream(self._core, sandbox_id, request))
+            failure: httpx.TransportError | None = None
+            try:
+                for line in response.iter_lines():
+                    event = replay.feed(line)
+                    if event is not None:
+                        yield event
+                    if replay.final is not None:
+                        return
+            except httpx.TransportError as exc:
+                failure = exc
+            finally:
+                response.close()
+            self._sleep(replay.reconnect_delay(failure))
+
+
+class Sandbox(SandboxBase):
+    """One sandbox (alias ``SandboxInstance``). Leaving ``with`` deletes it."""
+
+    def __init__(self, client: SandboxClient, info: protocol.SandboxInfo) -> None:
+        super().__init__(info)
+        self._client = client
+        self._core = client._core
+        self._heartbeat_stop: threading.Event | None = None
+        self._heartbeat_thread: threading.Thread | None = None
+
+    def refresh(self) -> protocol.SandboxInfo:
+        """Fetch the sandbox's current state into ``info``."""
+        self.info = self._client._run(flows.get_sandbox(self._core, self.sandbox_id))
+        return self.info
+
+    # --- exec --------------------------------------------------------------------------------
+
+    @overload
+    def exec(
+        self,
+        command: str | list[str],
+        timeout: float | None = 300,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        wait: bool = True,
+        poll_interval: float = 0.1,
+        login_shell: bool = False,
+        *,
+        stdin: str | bytes | None = None,
+        check: bool = False,
+        job_id: str | None = None,
+        pty: Literal[False] = False,
+    ) -> ExecResult: ...
+
+    @overload
+    def exec(
+        self,
+        command: str | list[str],
+        timeout: float | None = 300,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        wait: bool = True,
+        poll_interval: float = 0.1,
+        login_shell: bool = False,
+        *,
+        pty: Literal[True],
+        rows: int = 24,
+        cols: int = 80,
+    ) -> PtyProcess: ...
+
+    def exec(
+        self,
+        command: str | list[str],
+        timeout: float | None = 300,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        wait: bool = True,
+        poll_interval: float = 0.1,
+        login_shell: bool = False,
+        *,
+        stdin: str | bytes | None = None,
+        check: bool = False,
+        job_id: str | None = None,
+        pty: bool = False,
+        rows: int = 24,
+        cols: int = 80,
+    ) -> ExecResult | PtyProcess:
+        """Run a command: a string through ``/bin/sh -c`` (bash with ``login_shell``), a list
+        as argv. Returns when it has finished (``wait=False``: at once, with the queued job).
+
+        The command runs exactly once even if the connection drops: the SDK picks the job id
+        and retries name the same job. ``check=True`` raises CommandFailed unless it
+        succeeded. ``pty=True`` (upstream's spelling) returns :meth:`pty`'s process instead.
+        """
+        if pty:
+            return self.pty(
+                command, rows=rows, cols=cols, env=env, cwd=cwd, login_shell=login_shell
+            )
+        request = flows.exec_request(
+            command,
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+            login_shell=login_shell,
+            stdin=stdin,
+            job_id=job_id,
+            wait=wait,
+            check=check,
+        )
+        result = self._client._run(
+            flows.exec_command(self._core, self.sandbox_id, request, poll_interval=poll_interval)
+        )
+        if check:
+            result.check_returncode()
+        return result
+
+    def exec_stream(
+        self,
+        command: str | list[str],
+        timeout: float | None = 300,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        login_shell: bool = False,
+        *,
+        stdin: str | bytes | None = None,
+        job_id: str | None = None,
+    ) -> Iterator[protocol.ExecEvent]:
+        """Run a command and yield its output as it happens.
+
+        Events: ``started``, then ``stdout``/``stderr`` text chunks, then one ``exit`` whose
+        ``job`` is the final result. A dropped connection re-attaches to the same job
+        without repeating output already yielded.
+        """
+        request = flows.exec_request(
+            command,
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+            login_shell=login_shell,
+            stdin=stdin,
+            job_id=job_id,
+            wait=False,
+            check=False,
+        )
+        return self._client._exec_events(self.sandbox_id, request)
+
+    def exec_streamed(
+        self,
+        command: str | list[str],
+        timeout: float | None = 300,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        login_shell: bool = False,
+        *,
+        stdout: OutputSink | None = None,
+        stderr: OutputSink | None = None,
+        stdin: str | bytes | None = None,
+        check: bool = False,
+        job_id: str | None = None,
+    ) -> ExecResult:
+        """Like :meth:`exec`, but output goes to ``stdout``/``stderr`` as it arrives.
+
+        A sink is a text stream (default: this process's) or a callable taking each chunk.
+        """
+        final: protocol.Job | None = None
+        for event in self.exec_stream(
+            command, timeout, cwd, env, login_shell, stdin=stdin, job_id=job_id
+        ):
+            if event.event == "stdout":
+                emit(stdout or sys.stdout, event.data)
+            elif event.event == "stderr":
+                emit(stderr or sys.stderr, event.data)
+            elif event.event == "exit":
+                final = event.job
+        result = flows.stream_result(final, timeout)
+        if check:
+            result.check_returncode()
+        return result
+
+    def get_job(self, job_id: str) -> ExecResult:
+        return self._client.get_job(job_id)
+
+    def list_jobs(self) -> list[ExecResult]:
+        """This sandbox's jobs, newest first."""
+        return self._client._run(flows.list_jobs(self._core, self.sandbox_id))
+
+    def apply_patch(
+        self,
+        patch: str,
+        timeout: float = 30,
+        *,
+        cwd: str | None = None,
+        check: bool = False,
+        three_way: bool = False,
+        reverse: bool = False,
+    ) -> PatchResult:
+        """``git apply`` a unified diff (in ``cwd``, default the workdir).
+
+        ``check`` only tests whether it applies; ``three_way`` falls back to a 3-way merge;
+        ``reverse`` un-applies it. ``success`` and the output say how it went.
+        """
+        return self._client._run(
+            flows.apply_patch(
+                self._core,
+                self.sandbox_id,
+                patch,
+                timeout=timeout,
+                cwd=cwd,
+                check=check,
+                three_way=three_way,
+                reverse=reverse,
+            )
+        )
+
+    # --- files -------------------------------------------------------------------------------
+
+    def upload_file(self, local_path: str | os.PathLike[str], remote_path: str) -> UploadResult:
+        """Copy a local file into the sandbox, streamed (any size), keeping its mode."""
+        path = Path(local_path)
+        stat = local_file(path)
+
+        def body() -> Iterator[bytes]:
+            with path.open("rb") as handle:
+                while chunk := handle.read(CHUNK):
+                    yield chunk
+
+        return self._client._run(
+            flows.upload(
+                self._core,
+                self.sandbox_id,
+                remote_path,
+                body,
+                size=stat.st_size,
+                mode=file_mode(stat),
+            )
+        )
+
+    def upload_content(self, content: str | bytes, remote_path: str) -> UploadResult:
+        """Write ``content`` (text is UTF-8 encoded) to a file in the sandbox."""
+        data = content.encode() if isinstance(content, str) else content
+        return self._client._run(
+            flows.upload(
+                self._core, self.sandbox_id, remote_path, lambda: data, size=len(data), mode=None
+            )
+        )
+
+    def download_file(self, remote_path: str, local_path: str | os.PathLike[str]) -> int:
+        """Copy a file out of the sandbox, streamed; return its size in bytes.
+
+        The local file appears complete or not at all (written beside it, then renamed).
+        """
+        part = PartFile(Path(local_path))
+        try:
+            response = self._client._run(
+                flows.download(self._core, self.sandbox_id, remote_path, stream=True)
+            )
+            try:
+                for chunk in response.iter_bytes(CHUNK):
+                    part.write(chunk)
+            except httpx.TransportError as exc:
+                raise transport_error(self._core, f"downloading {remote_path}", exc) from exc
+            finally:
+                response.close()
+        except BaseException:
+            part.discard()
+            raise
+        return part.commit()
+
+    def download_content(self, remote_path: str) -> bytes:
+        """A file's bytes."""
+        response = self._client._run(
+            flows.download(self._core, self.sandbox_id, remote_path, stream=False)
+        )
+        return response.content
+
+    def list_files(self, remote_path: str = "/workspace") -> list[FileEntry]:
+        """A directory's entries (``entry.name`` or upstream's ``entry["name"]``)."""
+        return self._client._run(flows.list_files(self._core, self.sandbox_id, remote_path))
+
+    def delete_file(self, path: str, recursive: bool = False) -> None:
+        """Delete a file, or a directory (non-empty ones only with ``recursive``)."""
+        self._client._run(flows.delete_file(self._core, self.sandbox_id, path, recursive=recursive))
+
+    def mkdir(self, path: str) -> None:
+        """Create a directory and its parents (no error if it exists)."""
+        self._client._run(flows.mkdir(self._core, self.sandbox_id, path))
+
+    # --- liveness ----------------------------------------------------------------------------
+
+    def heartbeat(self) -> protocol.HeartbeatResponse:
+        """Mark the sandbox as in use now (its idle timeout restarts)."""
+        return self._client._run(flows.heartbeat(self._core, self.sandbox_id))
+
+    def start_heartbeat(self, interval: float = 60) -> None:
+        """Send a heartbeat every ``interval`` seconds from a background thread."""
+        if self._heartbeat_thread is not None and self._heartbeat_thread.is_alive():
+            return
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(interval) and not self._client.is_closed:
+                try:
+                    self.heartbeat()
+                except errors.OrchardError as exc:
+                    if not keep_beating(self.sandbox_id, exc):
+                        return
+
+        self._heartbeat_stop = stop
+        self._heartbeat_thread = threading.Thread(
+            target=beat, name=f"orchard-heartbeat-{self.sandbox_id}", daemon=True
+        )
+        self._client._heartbeats.add(self)
+        self._heartbeat_thread.start()
+
+    def stop_heartbeat(self) -> None:
+        if self._heartbeat_stop is not None:
+            self._heartbeat_stop.set()
+        thread, self._heartbeat_thread = self._heartbeat_thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self._client._heartbeats.discard(self)
+
+    # --- terminal ----------------------------------------------------------------------------
+
+    def pty(
+        self,
+        cmd: str | list[str] | None = None,
+        rows: int = 24,
+        cols: int = 80,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        login_shell: bool = False,
+    ) -> PtyProcess:
+        """Start a process on a pseudo-terminal (default: the image's shell)."""
+        frame = init_frame(
+            cmd, rows=rows, cols=cols, env=dict(env or {}), cwd=cwd, login_shell=login_shell
+        )
+        return PtyProcess(ws_url(self._core.base_url, self.sandbox_id), self._core.api_key, frame)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def delete(self) -> None:
+        """Delete the sandbox (nothing happens if it is already gone)."""
+        self.stop_heartbeat()
+        if not self._deleted:
+            self._client.delete_sandbox(self.sandbox_id, missing_ok=True)
+            self._deleted = True
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.delete()
+            return
+        try:
+            self.delete()
+        except errors.OrchardError as failure:  # do not hide the error that got us here
+            logger.warning("could not delete sandbox %s: %s", self.sandbox_id, failure)
+
+
+SandboxInstance = Sandbox
+"""Upstream Orchard Env's name for :class:`Sandbox`."""
