@@ -100,6 +100,7 @@ class SandboxService:
         self._readiness: dict[str, asyncio.Task[None]] = {}
         self._in_use: Counter[str] = Counter()
         self._touched: dict[str, datetime] = {}
+        self.ready_gate_seconds = READY_GATE_SECONDS
 
     # --- records and events ----------------------------------------------------------------
 
@@ -392,12 +393,12 @@ class SandboxService:
         return record.to_info(self.settings)
 
     async def require_ready(
-        self, sandbox_id: str, caller: Caller, wait: float = READY_GATE_SECONDS
+        self, sandbox_id: str, caller: Caller, wait: float | None = None
     ) -> SandboxRecord:
-        """The record of a ready sandbox (waiting a little for a pending one), else 404/409."""
-        record = await self._wait_settled(
-            sandbox_id, caller, wait, set(SandboxStatus) - LIVE_STATUSES | {SandboxStatus.READY}
-        )
+        """The record of a ready sandbox, else 404/409. A pending one is waited for a little
+        (``wait`` seconds, default :data:`READY_GATE_SECONDS`)."""
+        seconds = self.ready_gate_seconds if wait is None else wait
+        record = await self._wait_settled(sandbox_id, caller, seconds, SETTLED_STATUSES)
         self._require_live(record)
         if record.status != SandboxStatus.READY:
             raise SandboxNotReady(

@@ -1,0 +1,209 @@
+"""Exec and jobs: results, idempotency, waits, streaming, cancel, timeouts, output caps."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from tests.orchestrator.conftest import Service, StartService, eventually
+from tests.orchestrator.test_sandboxes import detail
+
+# Blocks until the file "go" exists in the workdir: lets a test hold a command running
+# without sleeping for wall-clock time.
+UNTIL_GO = "while [ ! -e go ]; do sleep 0.02; done; echo released"
+
+
+async def release(service: Service, sandbox_id: str) -> None:
+    response = await service.http.put(
+        f"/sandboxes/{sandbox_id}/files/raw", params={"path": "go"}, content=b""
+    )
+    assert response.status_code == 200, response.text
+
+
+async def job_status(service: Service, job_id: str) -> str:
+    status: str = (await service.http.get(f"/jobs/{job_id}")).json()["status"]
+    return status
+
+
+async def test_exec_wait_returns_the_finished_job(service: Service) -> None:
+    sandbox = await service.create()
+    job = await service.exec(sandbox["sandbox_id"], "echo out; echo err >&2; exit 3")
+    assert job["status"] == "failed"
+    assert job["exit_code"] == 3
+    assert (job["stdout"], job["stderr"]) == ("out\n", "err\n")
+    assert job["timed_out"] is False and job["truncated"] is False
+    assert job["started_at"] and job["completed_at"]
+    ok = await service.exec(sandbox["sandbox_id"], ["printf", "%s|", "a b", "c"])
+    assert ok["status"] == "succeeded" and ok["exit_code"] == 0
+    assert ok["stdout"] == "a b|c|"
+    assert ok["command"] == "printf '%s|' 'a b' c"
+
+
+async def test_env_cwd_and_stdin(service: Service) -> None:
+    sandbox_id = (await service.create())["sandbox_id"]
+    await service.http.post(f"/sandboxes/{sandbox_id}/files/mkdir", json={"path": "sub"})
+    job = await service.exec(
+        sandbox_id, 'echo "$GREETING"; basename "$PWD"', env={"GREETING": "hi"}, cwd="sub"
+    )
+    assert job["stdout"] == "hi\nsub\n"
+    piped = await service.exec(sandbox_id, "tr a-z A-Z", stdin="quiet\n")
+    assert piped["stdout"] == "QUIET\n"
+    missing = await service.exec(sandbox_id, "true", cwd="nowhere")
+    assert missing["status"] == "failed"
+    assert missing["error"].startswith("cwd ") and missing["error"].endswith("does not exist")
+    unknown = await service.exec(sandbox_id, ["no-such-program"])
+    assert (unknown["status"], unknown["exit_code"]) == ("failed", 127)
+    assert unknown["error"] == "command not found: no-such-program"
+
+
+async def test_same_job_id_runs_once(service: Service) -> None:
+    sandbox_id = (await service.create())["sandbox_id"]
+    body = {"command": "echo ran >> count.txt; cat count.txt", "job_id": "append-1", "wait": True}
+    first = await service.http.post(f"/sandboxes/{sandbox_id}/exec", json=body)
+    second = await service.http.post(f"/sandboxes/{sandbox_id}/exec", json=body)
+    assert first.status_code == second.status_code == 200
+    assert first.json() == second.json()
+    assert first.json()["stdout"] == "ran\n"
+
+    # Concurrent submissions of one new id: still one run.
+    body = {"command": "echo ran >> count.txt", "job_id": "append-2"}
+    responses = await asyncio.gather(
+        *(service.http.post(f"/sandboxes/{sandbox_id}/exec", json=body) for _ in range(5))
+    )
+    assert {r.json()["job_id"] for r in responses} == {"append-2"}
+    await service.http.get("/jobs/append-2/wait", params={"timeout": 10})
+    content = await service.http.get(
+        f"/sandboxes/{sandbox_id}/files/raw", params={"path": "count.txt"}
+    )
+    assert content.content == b"ran\nran\n"
+
+
+async def test_a_job_id_of_another_sandbox_is_409(service: Service) -> None:
+    one = (await service.create())["sandbox_id"]
+    two = (await service.create())["sandbox_id"]
+    await service.exec(one, "true", job_id="shared")
+    response = await service.http.post(
+        f"/sandboxes/{two}/exec", json={"command": "true", "job_id": "shared"}
+    )
+    assert response.status_code == 409
+    assert detail(response) == {
+        "code": "conflict",
+        "message": "job id shared is already used by another sandbox's job",
+        "hint": "job ids must be unique: leave job_id out to get a fresh one",
+    }
+
+
+async def test_wait_semantics(service: Service) -> None:
+    sandbox_id = (await service.create())["sandbox_id"]
+    submitted = await service.http.post(
+        f"/sandboxes/{sandbox_id}/exec", json={"command": UNTIL_GO, "wait": False}
+    )
+    job = submitted.json()
+    assert job["status"] in ("queued", "running")
+    # A wait that runs out answers 200 with the job as it is (never 408).
+    waited = await service.http.get(f"/jobs/{job['job_id']}/wait", params={"timeout": 0.1})
+    assert waited.status_code == 200
+    assert waited.json()["status"] in ("queued", "running")
+    # Commands in one sandbox run concurrently: a second one finishes while the first blocks.
+    other = await service.exec(sandbox_id, "echo alongside")
+    assert other["stdout"] == "alongside\n"
+    await release(service, sandbox_id)
+    done = await service.http.get(f"/jobs/{job['job_id']}/wait", params={"timeout": 10})
+    assert done.json()["status"] == "succeeded"
+    assert done.json()["stdout"] == "released\n"
+    jobs = (await service.http.get(f"/sandboxes/{sandbox_id}/jobs")).json()
+    assert [j["job_id"] for j in jobs] == [other["job_id"], job["job_id"]]  # newest first
+    unknown = await service.http.get("/jobs/nope")
+    assert unknown.status_code == 404
+    assert detail(unknown) == {
+        "code": "job_not_found",
+        "message": "job nope does not exist",
+        "hint": "job ids are kept for a day",
+    }
+
+
+async def test_streamed_exec_is_ndjson_and_replays(service: Service) -> None:
+    sandbox_id = (await service.create())["sandbox_id"]
+    body = {"command": "echo a; echo b >&2; echo c", "job_id": "streamed"}
+
+    async def stream() -> list[dict[str, Any]]:
+        response = await service.http.post(f"/sandboxes/{sandbox_id}/exec/stream", json=body)
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "application/x-ndjson"
+        return [json.loads(line) for line in response.text.splitlines()]
+
+    events = await stream()
+    assert events[0] == {"event": "started", "job_id": "streamed"}
+    assert events[-1]["event"] == "exit"
+    assert events[-1]["job"]["status"] == "succeeded"
+    text = {
+        name: "".join(e["data"] for e in events if e["event"] == name)
+        for name in ("stdout", "stderr")
+    }
+    assert text == {"stdout": "a\nc\n", "stderr": "b\n"}
+    replay = await stream()  # same job id: the same output again, nothing re-run
+    assert replay[-1]["job"] == events[-1]["job"]
+    assert "".join(e["data"] for e in replay if e["event"] == "stdout") == "a\nc\n"
+
+
+async def test_cancel_kills_the_command(service: Service) -> None:
+    sandbox_id = (await service.create())["sandbox_id"]
+    job = (
+        await service.http.post(
+            f"/sandboxes/{sandbox_id}/exec", json={"command": "sleep 60", "job_id": "sleepy"}
+        )
+    ).json()
+
+    async def running() -> bool:
+        return await job_status(service, job["job_id"]) == "running"
+
+    await eventually(running)
+    response = await service.http.post("/jobs/sleepy/cancel")
+    assert response.status_code == 200
+    cancelled = response.json()
+    assert cancelled["status"] == "cancelled"
+    assert cancelled["error"] == "cancelled"
+    again = await service.http.post("/jobs/sleepy/cancel")
+    assert again.json()["status"] == "cancelled"
+
+
+async def test_timeout_is_distinct_from_exit_124(service: Service) -> None:
+    sandbox_id = (await service.create())["sandbox_id"]
+    timed = await service.exec(sandbox_id, "echo started; sleep 30", timeout_seconds=1)
+    assert timed["status"] == "timeout"
+    assert timed["timed_out"] is True
+    assert timed["error"] == "timed out after 1 s"
+    assert timed["stdout"] == "started\n"
+    exited = await service.exec(sandbox_id, "exit 124")
+    assert (exited["status"], exited["exit_code"], exited["timed_out"]) == ("failed", 124, False)
+
+
+async def test_output_is_capped_and_marked_truncated(start_service: StartService) -> None:
+    service = await start_service(max_output_bytes=64)
+    sandbox_id = (await service.create())["sandbox_id"]
+    asked = await service.exec(
+        sandbox_id, "head -c 1000 /dev/zero | tr '\\0' x", max_output_bytes=10
+    )
+    assert asked["stdout"] == "x" * 10
+    assert asked["truncated"] is True and asked["status"] == "succeeded"
+    capped = await service.exec(
+        sandbox_id, "head -c 1000 /dev/zero | tr '\\0' y", max_output_bytes=10_000
+    )
+    assert capped["stdout"] == "y" * 64 and capped["truncated"] is True
+    small = await service.exec(sandbox_id, "echo fits")
+    assert small["truncated"] is False
+
+
+async def test_exec_on_a_pending_sandbox_is_409(service: Service) -> None:
+    await service.http.post(
+        "/sandboxes", json={"image": "hang/image", "sandbox_id": "waiting", "timeout": 60}
+    )
+    service.orchard.sandboxes.ready_gate_seconds = 0.1
+    response = await service.http.post("/sandboxes/waiting/exec", json={"command": "true"})
+    assert response.status_code == 409
+    assert detail(response) == {
+        "code": "sandbox_not_ready",
+        "message": "sandbox waiting is not ready yet (status pending)",
+        "hint": "wait for it: GET /sandboxes/waiting/wait",
+    }

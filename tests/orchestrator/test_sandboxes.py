@@ -1,0 +1,254 @@
+"""Sandbox lifecycle over the wire: create, show, list, wait, delete, heartbeat, errors."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.orchestrator.conftest import Service, StartService
+from tests.orchestrator.fakes import CRASH_IMAGE, HANG_IMAGE, MISSING_IMAGE, AgentProcessBackend
+
+
+def detail(response: httpx.Response) -> dict[str, Any]:
+    body: dict[str, Any] = response.json()["detail"]
+    return body
+
+
+async def test_create_returns_upstream_fields_and_becomes_ready(
+    service: Service, backend: AgentProcessBackend
+) -> None:
+    response = await service.http.post(
+        "/sandboxes", json={"image": "debian:12", "sandbox_id": "box-1", "labels": {"team": "rl"}}
+    )
+    assert response.status_code == 201
+    created = response.json()
+    assert created["sandbox_id"] == "box-1"
+    assert created["status"] in ("pending", "ready")
+    for field in ("namespace", "image", "pod_name", "block_network", "cpu", "memory", "created_at"):
+        assert field in created
+    assert created["cpu"] == "1"
+    assert created["memory"] == "2Gi"
+    assert created["block_network"] is True
+    assert created["labels"] == {"team": "rl"}
+    assert created["owner"] == service.admin.key_id if service.admin else None
+    assert "box-1" in backend.sandboxes
+
+    ready = await service.http.get("/sandboxes/box-1/wait", params={"timeout": 30})
+    assert ready.status_code == 200
+    info = ready.json()
+    assert info["status"] == "ready" and info["ready"] is True
+    # Idle expiry (1800 s) comes before the lifetime cap (7200 s).
+    last = datetime.fromisoformat(info["last_activity_at"])
+    assert datetime.fromisoformat(info["expires_at"]) == last + timedelta(seconds=1800)
+    assert (await service.http.get("/sandboxes/box-1")).json()["status"] == "ready"
+
+
+async def test_generated_ids_are_dns_labels(service: Service) -> None:
+    info = await service.create()
+    assert info["sandbox_id"].startswith("sb-")
+    assert len(info["sandbox_id"]) == 15
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            {"image": "Bad Image!"},
+            "image: image 'Bad Image!' is not a valid image reference "
+            "(expected [registry/]name[:tag][@sha256:digest], lowercase name)",
+        ),
+        (
+            {"image": "debian:12", "sandbox_id": "Bad_ID"},
+            "sandbox_id: sandbox id 'Bad_ID' is not a DNS label: use 1-63 lowercase letters, "
+            "digits and '-', starting and ending with a letter or digit",
+        ),
+        (
+            {"image": "debian:12", "cpu": "lots"},
+            "cpu: cpu 'lots' is not a quantity (examples: 2, 0.5, 500m)",
+        ),
+        (
+            {"image": "debian:12", "memory": "8 gigs"},
+            "memory: memory '8 gigs' is not a quantity (examples: 512Mi, 8Gi, 1G)",
+        ),
+        ({"image": "debian:12", "cpu": "0"}, "cpu: cpu '0' must be greater than zero"),
+        ({}, "image: Field required"),
+    ],
+)
+async def test_bad_requests_are_400_naming_the_field(
+    service: Service, backend: AgentProcessBackend, body: dict[str, Any], message: str
+) -> None:
+    response = await service.http.post("/sandboxes", json=body)
+    assert response.status_code == 400
+    assert detail(response) == {"code": "invalid_request", "message": message}
+    assert backend.creates == 0
+
+
+async def test_sizes_above_the_caps_are_422_naming_the_setting(
+    start_service: StartService, backend: AgentProcessBackend
+) -> None:
+    service = await start_service(max_cpu=4.0, max_memory=8 * 1024**3)
+    response = await service.http.post("/sandboxes", json={"image": "debian:12", "cpu": "8"})
+    assert response.status_code == 422
+    assert detail(response) == {
+        "code": "limit_exceeded",
+        "message": "cpu 8 is above this service's cap of 4 cores",
+        "hint": "ask for less, or raise the cap with ORCHARD_MAX_CPU",
+    }
+    response = await service.http.post("/sandboxes", json={"image": "debian:12", "memory": "16Gi"})
+    assert response.status_code == 422
+    assert detail(response) == {
+        "code": "limit_exceeded",
+        "message": "memory 16Gi is above this service's cap of 8Gi",
+        "hint": "ask for less, or raise the cap with ORCHARD_MAX_MEMORY",
+    }
+    assert backend.creates == 0
+
+
+async def test_duplicate_id_is_409(service: Service, backend: AgentProcessBackend) -> None:
+    await service.create(sandbox_id="twin")
+    response = await service.http.post(
+        "/sandboxes", json={"image": "debian:12", "sandbox_id": "twin"}
+    )
+    assert response.status_code == 409
+    assert detail(response) == {
+        "code": "sandbox_exists",
+        "message": "sandbox twin already exists",
+        "hint": "pick another sandbox_id, or delete the existing sandbox first",
+    }
+    assert backend.creates == 1
+
+
+async def test_unknown_image_is_422_fast_and_leaves_nothing(
+    service: Service, backend: AgentProcessBackend
+) -> None:
+    response = await service.http.post(
+        "/sandboxes", json={"image": MISSING_IMAGE, "sandbox_id": "pull-me"}
+    )
+    assert response.status_code == 422
+    assert detail(response) == {
+        "code": "image_not_found",
+        "message": "image missing/image is not present locally and could not be pulled: "
+        "repository does not exist or may require authorization",
+    }
+    assert (await service.http.get("/sandboxes/pull-me")).status_code == 404
+    # The id is free again.
+    await service.create(sandbox_id="pull-me")
+
+
+async def test_unknown_ids_are_404_including_delete(service: Service) -> None:
+    for method, path in [
+        ("GET", "/sandboxes/nope"),
+        ("GET", "/sandboxes/nope/wait"),
+        ("DELETE", "/sandboxes/nope"),
+        ("POST", "/sandboxes/nope/heartbeat"),
+    ]:
+        response = await service.http.request(method, path)
+        assert response.status_code == 404, (method, path)
+        assert detail(response) == {
+            "code": "sandbox_not_found",
+            "message": "sandbox nope does not exist",
+            "hint": "`orchard sandbox list` shows your sandboxes",
+        }
+
+
+async def test_delete_removes_the_container_and_keeps_the_record(
+    service: Service, backend: AgentProcessBackend
+) -> None:
+    info = await service.create(sandbox_id="gone-soon")
+    response = await service.http.delete("/sandboxes/gone-soon")
+    assert response.status_code == 200
+    assert response.json() == {"status": "deleted", "sandbox_id": "gone-soon"}
+    assert "gone-soon" not in backend.sandboxes
+    shown = (await service.http.get("/sandboxes/gone-soon")).json()
+    assert shown["status"] == "deleted" and shown["ready"] is False
+    assert shown["deleted_at"] is not None and shown["created_at"] == info["created_at"]
+
+    again = await service.http.delete("/sandboxes/gone-soon")
+    assert again.status_code == 404
+    assert detail(again)["message"] == "sandbox gone-soon was already deleted"
+    run = await service.http.post("/sandboxes/gone-soon/exec", json={"command": "true"})
+    assert run.status_code == 404
+    assert detail(run)["message"] == "sandbox gone-soon was deleted: deleted by request"
+    # A deleted id can be used again.
+    await service.create(sandbox_id="gone-soon")
+
+
+async def test_agent_that_never_answers_fails_with_the_reason(
+    service: Service, backend: AgentProcessBackend
+) -> None:
+    response = await service.http.post(
+        "/sandboxes", json={"image": HANG_IMAGE, "sandbox_id": "stuck", "timeout": 1}
+    )
+    assert response.status_code == 201
+    waited = await service.http.get("/sandboxes/stuck/wait", params={"timeout": 10})
+    assert waited.status_code == 200
+    info = waited.json()
+    assert info["status"] == "failed"
+    assert info["status_message"].startswith("it did not become ready within 1 s (agent: ")
+    assert "stuck" in backend.deletes
+    run = await service.http.post("/sandboxes/stuck/exec", json={"command": "true"})
+    assert run.status_code == 409
+    assert detail(run) == {
+        "code": "sandbox_not_ready",
+        "message": f"sandbox stuck failed: {info['status_message']}",
+        "hint": "delete it and create a new one",
+    }
+
+
+async def test_container_that_exits_at_start_fails_with_its_exit_code(service: Service) -> None:
+    response = await service.http.post(
+        "/sandboxes", json={"image": CRASH_IMAGE, "sandbox_id": "boom"}
+    )
+    assert response.status_code == 201
+    info = (await service.http.get("/sandboxes/boom/wait", params={"timeout": 10})).json()
+    assert info["status"] == "failed"
+    assert info["status_message"] == "its container stopped (exit code 1)"
+
+
+async def test_wait_times_out_with_408(service: Service) -> None:
+    await service.http.post(
+        "/sandboxes", json={"image": HANG_IMAGE, "sandbox_id": "slow", "timeout": 60}
+    )
+    response = await service.http.get("/sandboxes/slow/wait", params={"timeout": 0.2})
+    assert response.status_code == 408
+    assert detail(response) == {
+        "code": "timeout",
+        "message": "sandbox slow is still pending after 0.2 s",
+        "hint": "wait again, or check `orchard sandbox show slow`",
+    }
+
+
+async def test_list_filters_by_label_and_status(service: Service) -> None:
+    await service.create(sandbox_id="a", labels={"team": "rl", "run": "1"})
+    await service.create(sandbox_id="b", labels={"team": "rl", "run": "2"})
+    await service.create(sandbox_id="c", labels={"team": "eval"})
+    await service.http.delete("/sandboxes/c")
+
+    async def ids(**params: Any) -> list[str]:
+        response = await service.http.get("/sandboxes", params=params)
+        assert response.status_code == 200, response.text
+        return sorted(s["sandbox_id"] for s in response.json()["sandboxes"])
+
+    assert await ids() == ["a", "b"]
+    assert await ids(include_deleted="true") == ["a", "b", "c"]
+    assert await ids(label="team=rl") == ["a", "b"]
+    assert await ids(label=["team=rl", "run=2"]) == ["b"]
+    assert await ids(status="deleted") == ["c"]
+    assert await ids(status="ready", label="team=eval") == []
+    bad = await service.http.get("/sandboxes", params={"label": "team"})
+    assert bad.status_code == 400
+    assert detail(bad)["message"] == "label filter 'team' must look like key=value"
+
+
+async def test_heartbeat_extends_expiry(service: Service, clock: Any) -> None:
+    info = await service.create(sandbox_id="beat")
+    clock.advance(600)
+    response = await service.http.post("/sandboxes/beat/heartbeat")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "ok"
+    expires = datetime.fromisoformat(body["expires_at"])
+    assert expires > datetime.fromisoformat(info["expires_at"]) + timedelta(seconds=599)
