@@ -588,9 +588,9 @@ def health(core: ClientCore) -> Flow[Health]:
     return Health.model_validate(data)
 
 
-def resources(core: ClientCore) -> Flow[dict[str, Any]]:
+def resources(core: ClientCore) -> Flow[protocol.ResourcesReport]:
     data = yield from call(core, Send("GET", "/resources"))
-    return dict(data)
+    return protocol.ResourcesReport.model_validate(data)
 
 
 def usage(

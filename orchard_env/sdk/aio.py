@@ -193,7 +193,7 @@ class AsyncSandboxClient:
     async def health(self) -> Health:
         return await self._run(flows.health(self._core))
 
-    async def resources(self) -> dict[str, Any]:
+    async def resources(self) -> protocol.ResourcesReport:
         return await self._run(flows.resources(self._core))
 
     async def usage(

@@ -214,7 +214,8 @@ class SandboxClient:
     def health(self) -> Health:
         return self._run(flows.health(self._core))
 
-    def resources(self) -> dict[str, Any]:
+    def resources(self) -> protocol.ResourcesReport:
+        """Capacity, what live sandboxes asked for, and what is left."""
         return self._run(flows.resources(self._core))
 
     def usage(

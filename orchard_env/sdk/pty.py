@@ -128,6 +128,7 @@ class _Session:
         self.pid: int | None = None
         self.returncode: int | None = None
         self.error: errors.OrchardError | None = None
+        self.error_message: str | None = None
         self.ready = False
         self.ended = False
 
@@ -143,22 +144,23 @@ class _Session:
         elif kind == "exit":
             self.returncode = int(frame["code"])
         elif kind == "error":
-            self.error = errors.OrchardError(f"PTY session error: {frame.get('message', '')}")
+            self.error_message = str(frame.get("message", ""))
         return None
 
     def closed(self, exc: ConnectionClosed | None) -> None:
+        """The connection is over: work out why, if the process did not simply exit."""
         self.ended = True
         if self.returncode is not None or self.error is not None:
             return
         close = exc.rcvd if exc is not None else None
-        if close is not None and close.code in _CLOSE_CODES:
-            self.error = _CLOSE_CODES[close.code](
-                close.reason or f"PTY session closed ({close.code})"
-            )
-        elif close is not None and close.code >= 4000:
-            self.error = errors.OrchardError(
-                f"PTY session closed with code {close.code}: {close.reason or 'no reason given'}"
-            )
+        code = close.code if close is not None else None
+        reason = (close.reason if close is not None else "") or "no reason given"
+        if code in _CLOSE_CODES:
+            self.error = _CLOSE_CODES[code](self.error_message or reason)
+        elif self.error_message is not None:
+            self.error = errors.OrchardError(f"PTY session error: {self.error_message}")
+        elif code is not None and code >= 4000:
+            self.error = errors.OrchardError(f"PTY session closed with code {code}: {reason}")
 
     def ended_error(self) -> errors.OrchardError:
         """What writing to an ended session raises."""
