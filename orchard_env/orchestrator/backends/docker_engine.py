@@ -1,0 +1,453 @@
+"""The local container-engine backend: each sandbox is a container on Docker or Podman.
+
+Talks to the engine through the ``docker`` SDK (sync, run in threads), so it works with
+Docker and with Podman's Docker-compatible API socket. Per sandbox it makes:
+
+* a container ``orchard-<instance>-<sandbox_id>`` labelled with the instance, sandbox id,
+  owner, the orchestrator's record and the user's labels (``orchard.label.<key>``), whose
+  entrypoint is the agent from the relocatable bundle (mounted read-only), so any image
+  works, even one without a shell or Python;
+* a host directory ``<sandboxes_dir>/<sandbox_id>/`` mounted at ``/run/orchard``, where the
+  agent listens on a unix socket: reachable from the host even with no network at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import docker
+import docker.auth
+import docker.constants
+import docker.errors
+import docker.types
+import docker.utils
+import requests
+import urllib3.exceptions
+
+from orchard_env import errors
+from orchard_env.agent.bundle import (
+    BUNDLE_MOUNT,
+    RUN_DIR_MOUNT,
+    SOCKET_NAME,
+    launch_argv,
+    launch_env,
+)
+from orchard_env.config import ServiceSettings
+from orchard_env.orchestrator.backends.base import (
+    AgentEndpoint,
+    BackendSandbox,
+    Capability,
+    SandboxSpec,
+    SandboxState,
+)
+from orchard_env.protocol import check_sandbox_id
+
+LABEL_CREATED_BY = "orchard.created-by"
+LABEL_INSTANCE = "orchard.instance"
+LABEL_SANDBOX_ID = "orchard.sandbox-id"
+LABEL_OWNER = "orchard.owner"
+LABEL_RECORD = "orchard.record"
+USER_LABEL_PREFIX = "orchard.label."
+TOKEN_ENV = "ORCHARD_AGENT_TOKEN"  # noqa: S105 - the variable's name, not a secret
+WORKDIR_ENV = "ORCHARD_AGENT_WORKDIR"
+
+# Spoken by Docker 20.10+ and Podman 4+; pinned because negotiating it (GET /version) costs
+# Podman a third of a second per client.
+API_VERSION = "1.41"
+# Where engines usually listen, in the order they are tried when nothing is configured.
+WELL_KNOWN_SOCKETS = ("/run/podman/podman.sock", "/var/run/docker.sock")
+
+_INSTANCE_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+_STATES = {
+    "created": SandboxState.CREATING,
+    "configured": SandboxState.CREATING,
+    "initialized": SandboxState.CREATING,
+    "running": SandboxState.RUNNING,
+    "paused": SandboxState.RUNNING,
+    "restarting": SandboxState.RUNNING,
+    "exited": SandboxState.EXITED,
+    "stopped": SandboxState.EXITED,
+    "dead": SandboxState.EXITED,
+    "removing": SandboxState.EXITED,
+}
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+# --- engine discovery ------------------------------------------------------------------------
+
+
+def _engine_candidates(docker_host: str | None) -> list[tuple[str, str]]:
+    """(url, where it came from). A configured engine is the only candidate: falling back to
+    another one would hide the misconfiguration."""
+    if docker_host:
+        return [(docker_host, "the docker_host setting")]
+    if os.environ.get("DOCKER_HOST"):
+        return [(os.environ["DOCKER_HOST"], "DOCKER_HOST")]
+    paths = list(WELL_KNOWN_SOCKETS)
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        paths.append(str(Path(os.environ["XDG_RUNTIME_DIR"]) / "podman" / "podman.sock"))
+    return [(f"unix://{path}", "default") for path in paths]
+
+
+def _why_not_answering(url: str, timeout: float) -> str | None:
+    """None when an engine answers a ping at ``url``, else the reason it does not."""
+    if url.startswith("unix://"):
+        path = url.removeprefix("unix://")
+        if not Path(path).exists():
+            return "no such socket"
+        # Connect here first: the SDK leaks its socket when a unix connect fails.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(timeout)
+            try:
+                probe.connect(path)
+            except OSError as exc:
+                return exc.strerror or str(exc)
+    try:
+        # A pinned (oldest) API version: negotiating it would ask for /version, which takes
+        # Podman a third of a second.
+        version = docker.constants.MINIMUM_DOCKER_API_VERSION
+        with docker.APIClient(base_url=url, version=version, timeout=timeout) as api:
+            api.ping()
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def find_engine(docker_host: str | None = None, *, timeout: float = 2.0) -> str:
+    """The base URL of a container engine that answers.
+
+    Order: ``docker_host`` (the setting), else ``DOCKER_HOST``, else the Podman system socket,
+    the Docker socket and the user's Podman socket (``$XDG_RUNTIME_DIR/podman/podman.sock``).
+    A configured URL is used alone. Raises :class:`~orchard_env.errors.EngineNotFound`
+    naming every place tried and why each failed.
+    """
+    failures: list[str] = []
+    for url, source in _engine_candidates(docker_host):
+        reason = _why_not_answering(url, timeout)
+        if reason is None:
+            return url
+        origin = "" if source == "default" else f", from {source}"
+        failures.append(f"{url} ({reason}{origin})")
+    raise errors.EngineNotFound("no container engine answers at " + "; ".join(failures))
+
+
+# --- backend -------------------------------------------------------------------------------
+
+
+def _name_in_use(exc: docker.errors.APIError) -> bool:
+    # Docker answers 409; Podman 4 answers 500 "... is already in use ...".
+    return exc.status_code == 409 or "already in use" in str(exc.explanation or "")
+
+
+def _explanation(exc: docker.errors.APIError) -> str:
+    return str(exc.explanation or exc)
+
+
+def _exit_reason(state: dict[str, Any], code: int | None) -> str:
+    if state.get("OOMKilled"):
+        return "OOMKilled"
+    if state.get("Error"):
+        return str(state["Error"])
+    if code == 137:
+        return "exited with code 137: killed by SIGKILL (e.g. the out-of-memory killer)"
+    return f"exited with code {code}"
+
+
+class DockerEngineBackend:
+    """Sandboxes as containers on the local Docker or Podman engine."""
+
+    name = "docker"
+    capabilities = frozenset({Capability.NETWORK_ISOLATION, Capability.PTY})
+
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        *,
+        bundle_dir: Path,
+        client: docker.DockerClient | None = None,
+        pull_stall_timeout: float = 10.0,
+    ) -> None:
+        """``pull_stall_timeout``: a pull that reports no progress for this long fails
+        (whole pulls are capped by ``settings.ready_timeout_seconds``)."""
+        if not _INSTANCE_RE.match(settings.instance):
+            raise errors.ConfigError(
+                f"instance {settings.instance!r} cannot be part of a container name",
+                hint="instance: letters, digits, '_', '.', '-', starting with a letter or digit",
+            )
+        self._settings = settings
+        self._bundle_dir = bundle_dir.resolve()
+        self._pull_stall_timeout = pull_stall_timeout
+        if client is None:
+            self._engine = find_engine(settings.docker_host)
+            client = docker.DockerClient(
+                base_url=self._engine, version=API_VERSION, timeout=60, max_pool_size=32
+            )
+        else:
+            self._engine = str(client.api.base_url)
+        self._client = client
+
+    # -- helpers --------------------------------------------------------------------------
+
+    async def _call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Run a blocking engine call in a thread; an engine that does not answer is
+        :class:`~orchard_env.errors.BackendUnavailable` (transient)."""
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
+            raise errors.BackendUnavailable(
+                f"the container engine at {self._engine} did not answer: {exc}",
+                hint="is it running? `podman system service --time=0 "
+                "unix:///run/podman/podman.sock &` starts Podman's socket",
+            ) from exc
+
+    def _container_name(self, sandbox_id: str) -> str:
+        return f"orchard-{self._settings.instance}-{sandbox_id}"
+
+    def _run_dir(self, sandbox_id: str) -> Path:
+        try:
+            check_sandbox_id(sandbox_id)
+        except ValueError as exc:
+            raise errors.InvalidRequest(str(exc)) from exc
+        return self._settings.sandboxes_dir / sandbox_id
+
+    def _get(self, name: str) -> Any | None:
+        try:
+            return self._client.containers.get(name)
+        except docker.errors.NotFound:
+            return None
+
+    def _describe(self, container: Any) -> BackendSandbox | None:
+        attrs: dict[str, Any] = container.attrs
+        config = attrs.get("Config") or {}
+        labels: dict[str, str] = config.get("Labels") or {}
+        sandbox_id = labels.get(LABEL_SANDBOX_ID)
+        if sandbox_id is None or labels.get(LABEL_INSTANCE) != self._settings.instance:
+            return None
+        engine_state: dict[str, Any] = attrs.get("State") or {}
+        status = str(engine_state.get("Status", "")).lower()
+        state = _STATES.get(status, SandboxState.FAILED)
+        exit_code: int | None = None
+        reason: str | None = None
+        if state is SandboxState.EXITED:
+            exit_code = int(engine_state.get("ExitCode", 0))
+            reason = _exit_reason(engine_state, exit_code)
+        elif state is SandboxState.FAILED:
+            reason = f"the engine reports the container as {status or 'unknown'}"
+        env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
+        agent = None
+        if state in (SandboxState.CREATING, SandboxState.RUNNING) and TOKEN_ENV in env:
+            agent = AgentEndpoint(
+                token=env[TOKEN_ENV], uds=str(self._run_dir(sandbox_id) / SOCKET_NAME)
+            )
+        return BackendSandbox(
+            sandbox_id=sandbox_id,
+            state=state,
+            agent=agent,
+            created_at=datetime.fromisoformat(str(attrs["Created"])),
+            reason=reason,
+            exit_code=exit_code,
+            record_annotation=labels.get(LABEL_RECORD),
+        )
+
+    # -- images ---------------------------------------------------------------------------
+
+    def _ensure_image(self, image: str) -> None:
+        try:
+            self._client.images.get(image)
+        except docker.errors.ImageNotFound:
+            reason = self._pull(image)
+            if reason is not None:
+                raise errors.ImageNotFound(
+                    f"image {image!r} is not on this machine's engine and could not be "
+                    f"pulled: {reason}",
+                    hint="check the name and tag; log in to a private registry with "
+                    "`podman login` / `docker login`; `orchard images build-local` builds "
+                    "the default images here",
+                ) from None
+
+    def _pull(self, image: str) -> str | None:
+        """Pull ``image``; None on success, else the engine's reason. Fails fast: no progress
+        for ``pull_stall_timeout`` seconds, or a pull longer than the ready timeout."""
+        # The SDK's own pull waits forever (timeout=None); this is the same request, bounded.
+        api = self._client.api
+        repository, tag = docker.utils.parse_repository_tag(image)
+        registry, _ = docker.auth.resolve_repository_name(repository)
+        headers = {}
+        auth_header = docker.auth.get_config_header(api, registry)
+        if auth_header:
+            headers["X-Registry-Auth"] = auth_header
+        url = f"{api.base_url}/v{api.api_version}/images/create"
+        params = {"fromImage": repository, "tag": tag or "latest"}
+        deadline = time.monotonic() + self._settings.ready_timeout_seconds
+        try:
+            with api.post(
+                url, params=params, headers=headers, stream=True, timeout=self._pull_stall_timeout
+            ) as response:
+                if response.status_code >= 400:
+                    return f"HTTP {response.status_code}: {response.text.strip()}"
+                for line in response.iter_lines():
+                    with contextlib.suppress(ValueError):
+                        message = json.loads(line)
+                        if isinstance(message, dict) and message.get("error"):
+                            return str(message["error"])
+                    if time.monotonic() > deadline:
+                        return f"the pull took longer than {self._settings.ready_timeout_seconds}s"
+        except requests.exceptions.RequestException as exc:
+            cause = exc.args[0] if exc.args else None
+            if isinstance(exc, requests.exceptions.Timeout) or isinstance(
+                cause, urllib3.exceptions.ReadTimeoutError
+            ):
+                return (
+                    f"the pull made no progress for {self._pull_stall_timeout:g}s "
+                    "(is the registry reachable from the engine?)"
+                )
+            return f"the engine dropped the pull: {exc}"
+        try:
+            self._client.images.get(image)
+        except docker.errors.ImageNotFound:
+            return "the pull finished but the engine does not list the image"
+        return None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _create(self, spec: SandboxSpec) -> BackendSandbox:
+        name = self._container_name(spec.sandbox_id)
+        run_dir = self._run_dir(spec.sandbox_id)
+        if not self._bundle_dir.is_dir():
+            raise errors.ConfigError(
+                f"the agent bundle directory {self._bundle_dir} does not exist",
+                hint="build it with orchard_env.agent.bundle.ensure_bundle(), or fix "
+                "agent_bundle_dir",
+            )
+        self._ensure_image(spec.image)
+        if self._get(name) is not None:
+            raise errors.SandboxExists(
+                f"sandbox {spec.sandbox_id!r} already exists",
+                hint="delete it first, or create the new one with another sandbox_id",
+            )
+        self._settings.sandboxes_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        made_dir = not run_dir.exists()
+        run_dir.mkdir(exist_ok=True)
+        # The agent runs as the image's user, which may not be root: it must be able to make
+        # its socket here. The parent (0700) keeps other host users out.
+        run_dir.chmod(0o777)
+        (run_dir / SOCKET_NAME).unlink(missing_ok=True)
+        labels = {
+            LABEL_CREATED_BY: "orchard",
+            LABEL_INSTANCE: self._settings.instance,
+            LABEL_SANDBOX_ID: spec.sandbox_id,
+            **{USER_LABEL_PREFIX + key: value for key, value in spec.labels.items()},
+        }
+        if spec.owner is not None:
+            labels[LABEL_OWNER] = spec.owner
+        if spec.record_annotation is not None:
+            labels[LABEL_RECORD] = spec.record_annotation
+        env = {
+            **spec.env,
+            **launch_env(BUNDLE_MOUNT),
+            TOKEN_ENV: spec.agent_token,
+            WORKDIR_ENV: spec.workdir,
+        }
+        mounts = [
+            docker.types.Mount(RUN_DIR_MOUNT, str(run_dir), type="bind"),
+            docker.types.Mount(BUNDLE_MOUNT, str(self._bundle_dir), type="bind", read_only=True),
+        ]
+        try:
+            container = self._client.containers.create(
+                spec.image,
+                name=name,
+                hostname=spec.sandbox_id,
+                labels=labels,
+                environment=env,
+                entrypoint=launch_argv(BUNDLE_MOUNT, f"unix:{RUN_DIR_MOUNT}/{SOCKET_NAME}"),
+                command=[],
+                working_dir=spec.workdir,
+                nano_cpus=round(spec.cpu * 1e9),
+                mem_limit=spec.memory_bytes,
+                memswap_limit=spec.memory_bytes,  # equal: no swap
+                pids_limit=spec.pids_limit,
+                network_mode="none" if spec.block_network else None,
+                mounts=mounts,
+                detach=True,
+            )
+        except docker.errors.APIError as exc:
+            if _name_in_use(exc):  # a concurrent create of the same id won
+                raise errors.SandboxExists(f"sandbox {spec.sandbox_id!r} already exists") from exc
+            if made_dir:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise errors.OrchardError(
+                f"the engine could not create sandbox {spec.sandbox_id!r}: {_explanation(exc)}"
+            ) from exc
+        try:
+            container.start()
+        except docker.errors.APIError as exc:
+            self._delete(spec.sandbox_id)
+            raise errors.OrchardError(
+                f"the engine could not start sandbox {spec.sandbox_id!r}: {_explanation(exc)}"
+            ) from exc
+        container.reload()
+        described = self._describe(container)
+        assert described is not None  # it carries this instance's labels, set above
+        return described
+
+    def _list(self) -> list[BackendSandbox]:
+        filters = {
+            "label": [f"{LABEL_CREATED_BY}=orchard", f"{LABEL_INSTANCE}={self._settings.instance}"]
+        }
+        containers = self._client.containers.list(all=True, filters=filters, ignore_removed=True)
+        return [found for c in containers if (found := self._describe(c)) is not None]
+
+    def _inspect(self, sandbox_id: str) -> BackendSandbox | None:
+        container = self._get(self._container_name(sandbox_id))
+        return None if container is None else self._describe(container)
+
+    def _delete(self, sandbox_id: str) -> None:
+        run_dir = self._run_dir(sandbox_id)
+        try:
+            # force: the engine kills (SIGKILL) the container before removing it.
+            self._client.api.remove_container(self._container_name(sandbox_id), force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            raise errors.OrchardError(
+                f"the engine could not remove sandbox {sandbox_id!r}: {_explanation(exc)}"
+            ) from exc
+        try:
+            shutil.rmtree(run_dir)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise errors.OrchardError(
+                f"could not remove the sandbox directory {run_dir}: {exc}",
+                hint=f"remove it by hand: rm -rf {run_dir}",
+            ) from exc
+
+    # -- the Backend protocol ---------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec) -> BackendSandbox:
+        return await self._call(self._create, spec)
+
+    async def inspect(self, sandbox_id: str) -> BackendSandbox | None:
+        return await self._call(self._inspect, sandbox_id)
+
+    async def list(self) -> list[BackendSandbox]:
+        return await self._call(self._list)
+
+    async def delete(self, sandbox_id: str) -> None:
+        await self._call(self._delete, sandbox_id)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._client.close)

@@ -1,0 +1,91 @@
+"""Session fixtures shared by the engine-tier tests: the engine client, the locally built
+images, the agent bundle, and the instance name engine tests label their containers with.
+
+Without an engine these fixtures fail with EngineNotFound's message; set
+``ORCHARD_SKIP_ENGINE=1`` to skip the engine tests instead. Containers of this session's
+test instances (``pytest-<pid>...``) are removed when the session ends, and those of
+earlier sessions whose process is gone are removed when the engine is first used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from images.local import ensure_busybox_image, ensure_sandbox_image, image_cache_dir
+from orchard_env.errors import EngineNotFound
+from orchard_env.orchestrator.backends.docker_engine import (
+    LABEL_CREATED_BY,
+    LABEL_INSTANCE,
+    find_engine,
+)
+
+TEST_INSTANCE = f"pytest-{os.getpid()}"
+_TEST_INSTANCE_RE = re.compile(r"^pytest-(\d+)")
+
+
+def _remove_test_containers(client: docker.DockerClient, *, current: bool) -> None:
+    """Remove the containers of this session's test instances (``current``), or of earlier
+    sessions whose pytest process no longer exists."""
+    for container in client.containers.list(
+        all=True, filters={"label": f"{LABEL_CREATED_BY}=orchard"}, ignore_removed=True
+    ):
+        match = _TEST_INSTANCE_RE.match(container.labels.get(LABEL_INSTANCE, ""))
+        if match is None:
+            continue
+        pid = int(match.group(1))
+        mine = pid == os.getpid()
+        if (mine and current) or (not mine and not current and not Path(f"/proc/{pid}").exists()):
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True, v=True)
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[docker.DockerClient]:
+    if os.environ.get("ORCHARD_SKIP_ENGINE") == "1":
+        pytest.skip("ORCHARD_SKIP_ENGINE=1: engine tests skipped")
+    try:
+        url = find_engine(None)
+    except EngineNotFound as exc:
+        pytest.fail(
+            f"{exc.message}\nhint: {exc.hint}\n(set ORCHARD_SKIP_ENGINE=1 to skip engine tests)",
+            pytrace=False,
+        )
+    client = docker.DockerClient(base_url=url, timeout=120)
+    _remove_test_containers(client, current=False)
+    yield client
+    _remove_test_containers(client, current=True)
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def engine_instance(docker_client: docker.DockerClient) -> str:
+    """The orchestrator instance name for engine tests. Containers labelled with it, or with
+    it plus a suffix (``f"{engine_instance}-other"``), are removed when the session ends."""
+    return TEST_INSTANCE
+
+
+@pytest.fixture(scope="session")
+def busybox_image(docker_client: docker.DockerClient) -> str:
+    """An image with a static busybox only: no Python, no bash, no libc."""
+    return ensure_busybox_image(docker_client)
+
+
+@pytest.fixture(scope="session")
+def sandbox_image(docker_client: docker.DockerClient) -> str:
+    """The default Debian sandbox image (built with debootstrap the first time, then cached)."""
+    return ensure_sandbox_image(docker_client)
+
+
+@pytest.fixture(scope="session")
+def agent_bundle() -> Path:
+    """The relocatable agent bundle, cached across test runs."""
+    from orchard_env.agent.bundle import ensure_bundle
+
+    return ensure_bundle(image_cache_dir().parent / "test-bundle")

@@ -1,0 +1,347 @@
+"""DockerEngineBackend against the real engine (Podman here): lifecycle, labels, limits,
+network isolation and errors, with the real agent bundle answering on its unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import secrets
+import statistics
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import docker
+import pytest
+
+from orchard_env import errors
+from orchard_env.agent.bundle import BUNDLE_MOUNT, RUN_DIR_MOUNT
+from orchard_env.agent.client import AgentClient, Exit, Output
+from orchard_env.config import ServiceSettings, service_settings
+from orchard_env.orchestrator.backends.base import (
+    BackendSandbox,
+    Capability,
+    SandboxSpec,
+    SandboxState,
+)
+from orchard_env.orchestrator.backends.docker_engine import DockerEngineBackend
+
+pytestmark = pytest.mark.engine
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def settings(tmp_path_factory: pytest.TempPathFactory, engine_instance: str) -> ServiceSettings:
+    # A short state dir: the agent's socket path must fit a unix socket address (108 bytes).
+    return service_settings(state_dir=tmp_path_factory.mktemp("st"), instance=engine_instance)
+
+
+async def _open_backend(settings: ServiceSettings, bundle: Path) -> AsyncIterator[Any]:
+    backend = DockerEngineBackend(settings, bundle_dir=bundle)
+    try:
+        yield backend
+    finally:
+        for sandbox in await backend.list():
+            await backend.delete(sandbox.sandbox_id)
+        await backend.close()
+
+
+@pytest.fixture
+async def backend(
+    settings: ServiceSettings, agent_bundle: Path
+) -> AsyncIterator[DockerEngineBackend]:
+    async for opened in _open_backend(settings, agent_bundle):
+        yield opened
+
+
+@pytest.fixture
+def spec(busybox_image: str) -> Callable[..., SandboxSpec]:
+    def make(**overrides: Any) -> SandboxSpec:
+        values: dict[str, Any] = {
+            "sandbox_id": f"t-{uuid4().hex[:10]}",
+            "image": busybox_image,
+            "cpu": 0.5,
+            "memory_bytes": 256 * MiB,
+            "block_network": True,
+            "workdir": "/workspace",
+            "agent_token": secrets.token_urlsafe(24),
+        }
+        return SandboxSpec(**{**values, **overrides})
+
+    return make
+
+
+def _agent(sandbox: BackendSandbox) -> AgentClient:
+    assert sandbox.agent is not None and sandbox.agent.uds is not None
+    return AgentClient(token=sandbox.agent.token, uds=sandbox.agent.uds)
+
+
+async def _run(agent: AgentClient, command: str) -> tuple[str, Exit]:
+    """Run ``command`` with the image's sh; (stdout+stderr, exit)."""
+    output = b""
+    async for event in agent.exec(uuid4().hex, command, timeout=60):
+        if isinstance(event, Output):
+            output += event.data
+        else:
+            return output.decode(), event
+    raise AssertionError("the agent's stream ended without an exit event")
+
+
+async def _ready(backend: DockerEngineBackend, spec: SandboxSpec) -> BackendSandbox:
+    sandbox = await backend.create(spec)
+    async with _agent(sandbox) as agent:
+        await agent.wait_ready(30)
+    return sandbox
+
+
+def _container(client: docker.DockerClient, settings: ServiceSettings, sandbox_id: str) -> Any:
+    return client.containers.get(f"orchard-{settings.instance}-{sandbox_id}")
+
+
+def test_capabilities() -> None:
+    assert DockerEngineBackend.capabilities == {Capability.NETWORK_ISOLATION, Capability.PTY}
+
+
+async def test_busybox_sandbox_runs_the_agent_with_labels_and_limits(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    settings: ServiceSettings,
+    docker_client: docker.DockerClient,
+    agent_bundle: Path,
+) -> None:
+    record = json.dumps({"sandbox_id": "x", "image": "busybox"})
+    wanted = spec(
+        cpu=0.5,
+        memory_bytes=128 * MiB,
+        pids_limit=256,
+        owner="key-1",
+        labels={"team": "rl", "run": "42"},
+        env={"GREETING": "hello"},
+        record_annotation=record,
+    )
+    sandbox = await backend.create(wanted)
+    assert sandbox.sandbox_id == wanted.sandbox_id
+    assert sandbox.state is SandboxState.RUNNING
+    assert sandbox.record_annotation == record
+    assert sandbox.agent is not None
+    assert sandbox.agent.token == wanted.agent_token
+    run_dir = settings.sandboxes_dir / wanted.sandbox_id
+    assert sandbox.agent.uds == str(run_dir / "agent.sock")
+
+    async with _agent(sandbox) as agent:
+        await agent.wait_ready(30)
+        output, exit_ = await _run(agent, "echo $GREETING; pwd; hostname; cat /proc/1/cmdline")
+    assert exit_.exit_code == 0
+    greeting, cwd, hostname, cmdline = output.split("\n", 3)
+    assert (greeting, cwd, hostname) == ("hello", "/workspace", wanted.sandbox_id)
+    assert f"{BUNDLE_MOUNT}/agent/server.py" in cmdline  # the agent is PID 1
+
+    async with AgentClient(token="not-the-token", uds=sandbox.agent.uds) as stranger:
+        with pytest.raises(errors.AuthenticationRequired):
+            await _run(stranger, "true")
+
+    attrs = _container(docker_client, settings, wanted.sandbox_id).attrs
+    assert {
+        "orchard.created-by": "orchard",
+        "orchard.instance": settings.instance,
+        "orchard.sandbox-id": wanted.sandbox_id,
+        "orchard.owner": "key-1",
+        "orchard.record": record,
+        "orchard.label.team": "rl",
+        "orchard.label.run": "42",
+    }.items() <= attrs["Config"]["Labels"].items()
+    host = attrs["HostConfig"]
+    assert host["NanoCpus"] == 500_000_000
+    assert host["Memory"] == host["MemorySwap"] == 128 * MiB
+    assert host["PidsLimit"] == 256
+    assert host["NetworkMode"] == "none"
+    assert host["RestartPolicy"]["Name"] in ("", "no")
+    mounts = {m["Destination"]: (m["Source"], m["RW"]) for m in attrs["Mounts"]}
+    assert mounts[BUNDLE_MOUNT] == (str(agent_bundle), False)
+    assert mounts[RUN_DIR_MOUNT] == (str(run_dir), True)
+
+
+async def test_debian_sandbox_has_git_and_bash(
+    backend: DockerEngineBackend, spec: Callable[..., SandboxSpec], sandbox_image: str
+) -> None:
+    sandbox = await _ready(backend, spec(image=sandbox_image))
+    async with _agent(sandbox) as agent:
+        output, exit_ = await _run(agent, "git --version && bash -c 'echo bash $BASH_VERSINFO'")
+    assert exit_.exit_code == 0, output
+    assert output.startswith("git version 2.")
+    assert output.endswith("bash 5\n")
+
+
+async def test_blocked_network_has_only_loopback_and_cannot_connect(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    settings: ServiceSettings,
+    docker_client: docker.DockerClient,
+) -> None:
+    connections: list[str] = []
+
+    async def greet(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer.get_extra_info("peername")[0])
+        writer.close()
+
+    # On all addresses: the sandbox reaches the host through the engine's bridge.
+    server = await asyncio.start_server(greet, "0.0.0.0", 0)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        blocked, open_ = await asyncio.gather(
+            _ready(backend, spec(block_network=True)), _ready(backend, spec(block_network=False))
+        )
+        networks = _container(docker_client, settings, open_.sandbox_id).attrs["NetworkSettings"]
+        gateway = next(n["Gateway"] for n in networks["Networks"].values() if n["Gateway"])
+        probe = f"ls /sys/class/net; nc -w 3 {gateway} {port} </dev/null && echo connected"
+
+        async with _agent(blocked) as agent:
+            output, _ = await _run(agent, probe)
+        assert output.splitlines()[0] == "lo"
+        assert "connected" not in output
+        assert "unreachable" in output.lower()
+        assert connections == []
+
+        async with _agent(open_) as agent:
+            output, exit_ = await _run(agent, probe)
+        assert exit_.exit_code == 0, output
+        assert set(output.split()) - {"lo", "connected"}  # an interface besides loopback
+        assert output.endswith("connected\n")
+        assert len(connections) == 1  # the connection really came through
+
+
+async def test_memory_limit_is_enforced(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    settings: ServiceSettings,
+    docker_client: docker.DockerClient,
+) -> None:
+    sandbox = await _ready(backend, spec(memory_bytes=64 * MiB))
+    async with _agent(sandbox) as agent:
+        limit, _ = await _run(
+            agent,
+            "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null"
+            " || cat /sys/fs/cgroup/memory.max",
+        )
+        # The shell keeps 200 MB of 'a' in a variable: far beyond the limit.
+        hog = "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo kept"
+        output, exit_ = await _run(agent, hog)
+        assert exit_.signal == 9 or exit_.exit_code == 137, (output, exit_)
+        assert "kept" not in output
+        await agent.health()  # the agent itself survived
+    assert int(limit) == 64 * MiB
+    inspected = await backend.inspect(sandbox.sandbox_id)
+    assert inspected is not None and inspected.state is SandboxState.RUNNING
+
+
+async def test_missing_image_fails_fast_with_the_engine_reason(
+    backend: DockerEngineBackend, spec: Callable[..., SandboxSpec], settings: ServiceSettings
+) -> None:
+    image = "registry.invalid/orchard/missing:1"
+    wanted = spec(image=image)
+    started = time.monotonic()
+    with pytest.raises(errors.ImageNotFound) as caught:
+        await backend.create(wanted)
+    assert time.monotonic() - started < 5
+    prefix = f"image {image!r} is not on this machine's engine and could not be pulled: "
+    assert caught.value.message.startswith(prefix)
+    assert "registry.invalid" in caught.value.message.removeprefix(prefix)  # the engine's words
+    assert caught.value.hint is not None and "orchard images build-local" in caught.value.hint
+    assert await backend.inspect(wanted.sandbox_id) is None
+    assert not (settings.sandboxes_dir / wanted.sandbox_id).exists()
+
+
+async def test_duplicate_id_is_refused_and_the_first_keeps_working(
+    backend: DockerEngineBackend, spec: Callable[..., SandboxSpec]
+) -> None:
+    first = spec()
+    sandbox = await _ready(backend, first)
+    with pytest.raises(errors.SandboxExists) as caught:
+        await backend.create(dataclasses.replace(first, agent_token="another"))
+    assert caught.value.message == f"sandbox {first.sandbox_id!r} already exists"
+    async with _agent(sandbox) as agent:  # its socket and token are untouched
+        output, _ = await _run(agent, "echo still here")
+    assert output == "still here\n"
+
+
+async def test_delete_removes_container_and_dir_and_is_quiet_when_gone(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    settings: ServiceSettings,
+    docker_client: docker.DockerClient,
+) -> None:
+    sandbox = await _ready(backend, spec())
+    run_dir = settings.sandboxes_dir / sandbox.sandbox_id
+    assert (run_dir / "agent.sock").exists()
+    await backend.delete(sandbox.sandbox_id)
+    with pytest.raises(docker.errors.NotFound):
+        _container(docker_client, settings, sandbox.sandbox_id)
+    assert not run_dir.exists()
+    assert await backend.inspect(sandbox.sandbox_id) is None
+    await backend.delete(sandbox.sandbox_id)  # already gone: quiet
+    await backend.delete("never-existed")
+
+
+async def test_list_sees_only_this_instance(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    settings: ServiceSettings,
+    agent_bundle: Path,
+) -> None:
+    other_settings = dataclasses.replace(
+        settings, instance=f"{settings.instance}-other", state_dir=settings.state_dir / "other"
+    )
+    mine = await backend.create(spec(record_annotation='{"n": 1}'))
+    async for other in _open_backend(other_settings, agent_bundle):
+        theirs = await other.create(spec())
+        assert [s.sandbox_id for s in await backend.list()] == [mine.sandbox_id]
+        assert [s.sandbox_id for s in await other.list()] == [theirs.sandbox_id]
+        assert await backend.inspect(theirs.sandbox_id) is None
+        await backend.delete(theirs.sandbox_id)  # not ours: nothing happens to it
+        assert await other.inspect(theirs.sandbox_id) is not None
+    (listed,) = await backend.list()
+    assert listed.record_annotation == '{"n": 1}'
+    assert listed.created_at == mine.created_at
+
+
+async def test_a_killed_sandbox_is_reported_exited_with_its_code(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    settings: ServiceSettings,
+    docker_client: docker.DockerClient,
+) -> None:
+    sandbox = await _ready(backend, spec())
+    container = _container(docker_client, settings, sandbox.sandbox_id)
+    container.kill()
+    container.wait(timeout=30)
+    exited = await backend.inspect(sandbox.sandbox_id)
+    assert exited is not None
+    assert (exited.state, exited.exit_code, exited.agent) == (SandboxState.EXITED, 137, None)
+    assert exited.reason == (
+        "exited with code 137: killed by SIGKILL (e.g. the out-of-memory killer)"
+    )
+
+
+@pytest.mark.parametrize("image_fixture", ["busybox_image", "sandbox_image"])
+async def test_create_until_agent_ready_is_fast(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    image_fixture: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    image = request.getfixturevalue(image_fixture)
+    seconds = []
+    for _ in range(10):
+        started = time.perf_counter()
+        sandbox = await _ready(backend, spec(image=image))
+        seconds.append(time.perf_counter() - started)
+        await backend.delete(sandbox.sandbox_id)
+    print(
+        f"\n{image}: create -> agent ready p50 {statistics.median(seconds):.3f}s, "
+        f"max {max(seconds):.3f}s over {len(seconds)}"
+    )
+    assert statistics.median(seconds) < 2.0
