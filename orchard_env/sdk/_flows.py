@@ -104,12 +104,23 @@ def create_sandbox(
         if not payload[empty]:
             del payload[empty]
     chosen_id = request.sandbox_id is not None
-    outcome = yield from send(
-        core,
-        Send(
-            "POST", "/sandboxes", json=payload, retry=Retry.SAFE if chosen_id else Retry.UNSENT_ONLY
-        ),
-    )
+    try:
+        outcome = yield from send(
+            core,
+            Send(
+                "POST",
+                "/sandboxes",
+                json=payload,
+                retry=Retry.SAFE if chosen_id else Retry.UNSENT_ONLY,
+            ),
+        )
+    except GeneratorExit:
+        raise
+    except BaseException as exc:
+        # Interrupted mid-POST: the sandbox may exist. With our own id we can remove it.
+        if request.sandbox_id is not None and not isinstance(exc, Exception):
+            yield from discard(core, request.sandbox_id)
+        raise
     response = outcome.response
     if response.status_code == 409 and chosen_id and outcome.maybe_sent_before:
         assert request.sandbox_id is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -149,4 +150,24 @@ def test_a_failed_cleanup_delete_does_not_hide_the_error(
     assert client.cleanup_all() == []
     service.interceptors.remove(refuse_delete)
     assert client.cleanup_all() == ["sb-00000000"]
+    assert service.sandboxes == {}
+
+
+def test_ctrl_c_during_the_post_deletes_a_sandbox_with_our_id(
+    make_client: Callable[..., SandboxClient], service: FakeService
+) -> None:
+    client = make_client(prefix="job")
+
+    def interrupt_after_creating(request: httpx.Request) -> httpx.Response | None:
+        if request.method == "POST" and request.url.path == "/sandboxes":
+            service.interceptors.remove(interrupt_after_creating)
+            service._route(request)
+            raise KeyboardInterrupt
+        return None
+
+    service.interceptors.append(interrupt_after_creating)
+    with pytest.raises(KeyboardInterrupt):
+        client.create_sandbox("python:3.11-slim")
+    (delete,) = [r for r in service.requests if r.method == "DELETE"]
+    assert delete.url.path.startswith("/sandboxes/job-")
     assert service.sandboxes == {}
