@@ -6,13 +6,24 @@ from typing import Annotated
 
 import typer
 
-from orchard_cli.console import ApiKeyOpt, ContextOpt, JsonOpt, UrlOpt, connect, err, out, print_json
+from orchard_cli.console import (
+    ApiKeyOpt,
+    ContextOpt,
+    JsonOpt,
+    UrlOpt,
+    connect,
+    err,
+    out,
+    print_json,
+)
 from orchard_env.bench import BenchResult, bench_create, bench_exec, bench_launch
 from orchard_env.config import client_settings
 from orchard_env.sdk import AsyncSandboxClient
 from orchard_env.smoke import DEFAULT_IMAGE
 
-app = typer.Typer(help="Benchmarks through the public API (results: docs/performance.md).", no_args_is_help=True)
+app = typer.Typer(
+    help="Benchmarks through the public API (results: docs/performance.md).", no_args_is_help=True
+)
 
 ImageOpt = Annotated[str, typer.Option("--image", help="Image to benchmark with.")]
 
@@ -29,7 +40,10 @@ def exec_(
     n: Annotated[int, typer.Option("--n", help="Number of timed execs.")] = 200,
     image: ImageOpt = DEFAULT_IMAGE,
     engine: Annotated[
-        bool, typer.Option("--engine/--no-engine", help="Also time the engine's own exec_run (local only).")
+        bool,
+        typer.Option(
+            "--engine/--no-engine", help="Also time the engine's own exec_run (local only)."
+        ),
     ] = True,
     docker_host: Annotated[str | None, typer.Option("--docker-host", help="Engine socket.")] = None,
     json_: JsonOpt = False,

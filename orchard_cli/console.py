@@ -17,17 +17,23 @@ err = Console(stderr=True, highlight=False)
 
 ContextOpt = Annotated[
     str | None,
-    typer.Option("--context", help="Config context to use (default: the current one).", show_default=False),
+    typer.Option(
+        "--context", help="Config context to use (default: the current one).", show_default=False
+    ),
 ]
 UrlOpt = Annotated[
     str | None,
-    typer.Option("--url", help="Orchestrator URL (overrides ORCHARD_URL and the context).", show_default=False),
+    typer.Option(
+        "--url",
+        help="Orchestrator URL (overrides ORCHARD_URL and the context).",
+        show_default=False,
+    ),
 ]
 ApiKeyOpt = Annotated[
     str | None,
     typer.Option(
         "--api-key",
-        help="API key (overrides ORCHARD_API_KEY and the context). Prefer the env var: flags show in ps.",
+        help="API key (overrides ORCHARD_API_KEY and the context); prefer the env var.",
         show_default=False,
     ),
 ]

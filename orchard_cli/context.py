@@ -11,7 +11,9 @@ from orchard_cli.console import JsonOpt, err, out, print_json
 from orchard_env import config
 from orchard_env.errors import ConfigError
 
-app = typer.Typer(help="Named connections to Orchard services (like kubectl contexts).", no_args_is_help=True)
+app = typer.Typer(
+    help="Named connections to Orchard services (like kubectl contexts).", no_args_is_help=True
+)
 
 
 def _redacted(values: dict[str, object]) -> dict[str, object]:
@@ -29,7 +31,9 @@ def list_(json_: JsonOpt = False) -> None:
         return
     table = Table("", "NAME", "URL", "TARGET")
     for name, values in sorted(contexts.items()):
-        table.add_row("*" if name == current else "", name, values.get("url", ""), values.get("target", ""))
+        table.add_row(
+            "*" if name == current else "", name, values.get("url", ""), values.get("target", "")
+        )
     out.print(table)
 
 
@@ -45,7 +49,9 @@ def use(name: Annotated[str, typer.Argument(help="Context name.")]) -> None:
 
 
 @app.command()
-def show(name: Annotated[str | None, typer.Argument(help="Context (default: current).")] = None) -> None:
+def show(
+    name: Annotated[str | None, typer.Argument(help="Context (default: current).")] = None,
+) -> None:
     """Show a context (the key is redacted)."""
     chosen, values = config.active_context(config.load_config_file(), name)
     if chosen is None:

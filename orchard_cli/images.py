@@ -16,7 +16,9 @@ def build_local(
     docker_host: Annotated[
         str | None, typer.Option("--docker-host", help="Engine socket (default: auto-detect).")
     ] = None,
-    busybox: Annotated[bool, typer.Option("--busybox", help="Also build the busybox test image.")] = False,
+    busybox: Annotated[
+        bool, typer.Option("--busybox", help="Also build the busybox test image.")
+    ] = False,
 ) -> None:
     """Build the default sandbox image on this machine from Debian packages (no registry)."""
     import docker

@@ -7,15 +7,28 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from orchard_cli.console import ApiKeyOpt, ContextOpt, JsonOpt, UrlOpt, connect, err, out, print_json
+from orchard_cli.console import (
+    ApiKeyOpt,
+    ContextOpt,
+    JsonOpt,
+    UrlOpt,
+    connect,
+    err,
+    out,
+    print_json,
+)
 
-app = typer.Typer(help="Create, list and revoke API keys (needs an admin key).", no_args_is_help=True)
+app = typer.Typer(
+    help="Create, list and revoke API keys (needs an admin key).", no_args_is_help=True
+)
 
 
 @app.command()
 def create(
     name: Annotated[str, typer.Argument(help="A name for the key, e.g. who uses it.")],
-    admin: Annotated[bool, typer.Option("--admin", help="May manage keys and see every sandbox.")] = False,
+    admin: Annotated[
+        bool, typer.Option("--admin", help="May manage keys and see every sandbox.")
+    ] = False,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
@@ -28,7 +41,9 @@ def create(
         print_json(created)
     else:
         out.print(created.api_key)
-        err.print(f"Created key {created.key_id} ({created.name}). The secret above is not shown again.")
+        err.print(
+            f"Created key {created.key_id} ({created.name}). The secret above is not shown again."
+        )
 
 
 @app.command("list")

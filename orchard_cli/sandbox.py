@@ -31,7 +31,9 @@ IdArg = Annotated[str, typer.Argument(help="Sandbox id.", show_default=False)]
 LabelOpt = Annotated[
     list[str] | None, typer.Option("--label", "-l", help="Label KEY=VALUE (repeatable).")
 ]
-EnvOpt = Annotated[list[str] | None, typer.Option("--env", "-e", help="Variable KEY=VALUE (repeatable).")]
+EnvOpt = Annotated[
+    list[str] | None, typer.Option("--env", "-e", help="Variable KEY=VALUE (repeatable).")
+]
 
 
 def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
@@ -39,13 +41,17 @@ def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise InvalidRequest(f"{what} {item!r} is not KEY=VALUE", hint=f"for example --{what} team=rl")
+            raise InvalidRequest(
+                f"{what} {item!r} is not KEY=VALUE", hint=f"for example --{what} team=rl"
+            )
         pairs[key] = value
     return pairs
 
 
 def _table(sandboxes: list[SandboxInfo]) -> Table:
-    table = Table("ID", "STATUS", "IMAGE", "CPU", "MEMORY", "NETWORK", "LABELS", "CREATED")
+    table = Table("STATUS", "IMAGE", "CPU", "MEMORY", "NETWORK", "LABELS", "CREATED")
+    table.add_column("ID", no_wrap=True)
+    table.columns.insert(0, table.columns.pop())
     for sb in sandboxes:
         table.add_row(
             sb.sandbox_id,
@@ -66,12 +72,16 @@ def create(
     sandbox_id: Annotated[str | None, typer.Option("--id", help="Sandbox id (DNS label).")] = None,
     cpu: Annotated[str | None, typer.Option("--cpu", help="CPU cores, e.g. 2 or 500m.")] = None,
     memory: Annotated[str | None, typer.Option("--memory", help="Memory, e.g. 2Gi.")] = None,
-    network: Annotated[bool, typer.Option("--network/--no-network", help="Allow outbound network.")] = False,
+    network: Annotated[
+        bool, typer.Option("--network/--no-network", help="Allow outbound network.")
+    ] = False,
     label: LabelOpt = None,
     env: EnvOpt = None,
     workdir: Annotated[str | None, typer.Option("--workdir", help="Working directory.")] = None,
     ttl: Annotated[int | None, typer.Option("--ttl", help="Lifetime cap in seconds.")] = None,
-    idle_timeout: Annotated[int | None, typer.Option("--idle-timeout", help="Idle expiry in seconds.")] = None,
+    idle_timeout: Annotated[
+        int | None, typer.Option("--idle-timeout", help="Idle expiry in seconds.")
+    ] = None,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
@@ -135,19 +145,25 @@ def get(
     out.print(table)
 
 
-@app.command("exec", context_settings={"allow_interspersed_args": False})
+@app.command("exec")
 def exec_(
     sandbox_id: IdArg,
     command: Annotated[
         list[str],
-        typer.Argument(help="One string runs in a shell; several words run as argv (use -- first)."),
+        typer.Argument(
+            help="After --: one string runs in a shell (sh -c); several words run as argv.",
+            show_default=False,
+        ),
     ],
     cwd: Annotated[str | None, typer.Option("--cwd", "-w", help="Working directory.")] = None,
     env: EnvOpt = None,
-    timeout: Annotated[int, typer.Option("--timeout", "-t", help="Seconds before the command is killed.")] = 300,
+    timeout: Annotated[
+        int, typer.Option("--timeout", "-t", help="Seconds before the command is killed.")
+    ] = 300,
     login: Annotated[bool, typer.Option("--login", help="Run in a login shell.")] = False,
     stdin: Annotated[
-        bool, typer.Option("--stdin", "-s", help="Send this command's standard input to the command.")
+        bool,
+        typer.Option("--stdin", "-s", help="Send this command's standard input to the command."),
     ] = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
@@ -186,7 +202,9 @@ def exec_(
 @app.command()
 def shell(
     sandbox_id: IdArg,
-    cmd: Annotated[list[str] | None, typer.Argument(help="Program to run (default: bash, else sh).")] = None,
+    cmd: Annotated[
+        list[str] | None, typer.Argument(help="Program to run (default: bash, else sh).")
+    ] = None,
     login: Annotated[bool, typer.Option("--login/--no-login", help="Login shell.")] = True,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
@@ -209,7 +227,9 @@ def _split_remote(spec: str) -> tuple[str | None, str]:
 
 @app.command()
 def cp(
-    source: Annotated[str, typer.Argument(help="LOCAL_PATH or SANDBOX:PATH ('-' is stdin/stdout).")],
+    source: Annotated[
+        str, typer.Argument(help="LOCAL_PATH or SANDBOX:PATH ('-' is stdin/stdout).")
+    ],
     dest: Annotated[str, typer.Argument(help="LOCAL_PATH or SANDBOX:PATH.")],
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
@@ -262,7 +282,9 @@ def ls(
         return
     table = Table("TYPE", "SIZE", "MODIFIED", "NAME", box=None)
     for entry in entries:
-        table.add_row(entry.type, str(entry.size), entry.modified.strftime("%Y-%m-%d %H:%M"), entry.name)
+        table.add_row(
+            entry.type, str(entry.size), entry.modified.strftime("%Y-%m-%d %H:%M"), entry.name
+        )
     out.print(table)
 
 
@@ -272,7 +294,9 @@ def patch(
     patch_file: Annotated[str, typer.Argument(help="Unified diff file, or '-' for stdin.")],
     cwd: Annotated[str | None, typer.Option("--cwd", help="Directory to apply in.")] = None,
     check: Annotated[bool, typer.Option("--check", help="Only check that it applies.")] = False,
-    three_way: Annotated[bool, typer.Option("--3way", help="Fall back to a three-way merge.")] = False,
+    three_way: Annotated[
+        bool, typer.Option("--3way", help="Fall back to a three-way merge.")
+    ] = False,
     reverse: Annotated[bool, typer.Option("--reverse", "-R", help="Apply in reverse.")] = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
@@ -287,14 +311,18 @@ def patch(
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
     if not result.success:
-        err.print(f"[red]Patch failed:[/] {result.error or 'git apply exited ' + str(result.exit_code)}")
+        err.print(
+            f"[red]Patch failed:[/] {result.error or 'git apply exited ' + str(result.exit_code)}"
+        )
         raise typer.Exit(1)
 
 
 @app.command()
 def rm(
     sandbox_ids: Annotated[list[str] | None, typer.Argument(help="Sandbox ids.")] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Delete every sandbox matching --label.")] = False,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Delete every sandbox matching --label.")
+    ] = False,
     label: LabelOpt = None,
     yes: YesOpt = False,
     url: UrlOpt = None,
@@ -305,10 +333,14 @@ def rm(
     with connect(url, api_key, context) as client:
         ids = list(sandbox_ids or [])
         if all_:
-            ids += [sb.sandbox_id for sb in client.list_sandboxes(labels=_pairs(label, "label") or None)]
+            ids += [
+                sb.sandbox_id for sb in client.list_sandboxes(labels=_pairs(label, "label") or None)
+            ]
             confirm(f"Delete {len(ids)} sandbox(es)?", yes=yes)
         if not ids:
-            raise InvalidRequest("no sandbox given", hint="orchard sandbox rm <id>… or --all [--label k=v]")
+            raise InvalidRequest(
+                "no sandbox given", hint="orchard sandbox rm <id>… or --all [--label k=v]"
+            )
         for sandbox_id in ids:
             client.delete_sandbox(sandbox_id)
             err.print(f"deleted {sandbox_id}")

@@ -36,7 +36,9 @@ def up(
     port: PortOpt = None,
     state_dir: StateDirOpt = None,
     context: ContextNameOpt = DEFAULT_CONTEXT,
-    smoke: Annotated[bool, typer.Option("--smoke/--no-smoke", help="Finish with the smoke test.")] = True,
+    smoke: Annotated[
+        bool, typer.Option("--smoke/--no-smoke", help="Finish with the smoke test.")
+    ] = True,
 ) -> None:
     """Stand Orchard up: provision, images, deploy, smoke. Safe to re-run."""
     provider = _provider(target, port, state_dir, context)
@@ -76,7 +78,9 @@ def status(
     """Show whether the service runs, where, and how many sandboxes it has."""
     state = _provider(target, port, state_dir, context).status()
     if json_:
-        print_json({"target": state.target, "running": state.running, "url": state.url, **state.detail})
+        print_json(
+            {"target": state.target, "running": state.running, "url": state.url, **state.detail}
+        )
     else:
         table = Table(show_header=False, box=None)
         table.add_row("target", state.target)

@@ -12,7 +12,9 @@ from orchard_env.smoke import DEFAULT_IMAGE, Step, run_smoke, write_junit
 
 
 def smoke(
-    image: Annotated[str, typer.Option("--image", help="Image to test with (needs sh, python3, git).")] = DEFAULT_IMAGE,
+    image: Annotated[
+        str, typer.Option("--image", help="Image to test with (needs sh, python3, git).")
+    ] = DEFAULT_IMAGE,
     junit_xml: Annotated[
         Path | None, typer.Option("--junit-xml", help="Also write a JUnit XML report here.")
     ] = None,
@@ -20,7 +22,10 @@ def smoke(
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """Health, create, exec, timeout, files, patch, isolation, limits, delete. Exit 1 on any failure."""
+    """End-to-end check of a service; exits 1 if any check fails.
+
+    Health, create, exec, timeout, files, patch, isolation, limits, delete.
+    """
 
     def show(step: Step) -> None:
         mark = "[green]PASS[/]" if step.ok else "[red]FAIL[/]"

@@ -33,7 +33,11 @@ def _raw_stdin() -> Iterator[None]:
 def run_interactive(sandbox: Sandbox, cmd: list[str] | None, *, login_shell: bool) -> int:
     """Attach this terminal to a new PTY session; return the session's exit code."""
     size = shutil.get_terminal_size()
-    program = cmd or ["/bin/sh", "-c", "if [ -x /bin/bash ]; then exec /bin/bash; else exec /bin/sh; fi"]
+    program = cmd or [
+        "/bin/sh",
+        "-c",
+        "if [ -x /bin/bash ]; then exec /bin/bash; else exec /bin/sh; fi",
+    ]
     process = sandbox.pty(program, rows=size.lines, cols=size.columns, login_shell=login_shell)
 
     def on_resize(_signum: int, _frame: FrameType | None) -> None:

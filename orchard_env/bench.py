@@ -159,7 +159,11 @@ def _agent_memory(listing: str) -> dict[str, float]:
             rss += float(parts[2]) / 1024
     if not count:
         return {}
-    return {"agent processes": count, "agent PSS MB": round(pss, 1), "agent RSS MB (sum)": round(rss, 1)}
+    return {
+        "agent processes": count,
+        "agent PSS MB": round(pss, 1),
+        "agent RSS MB (sum)": round(rss, 1),
+    }
 
 
 def bench_create(
@@ -203,7 +207,9 @@ def bench_launch(
     return asyncio.run(run())
 
 
-async def _launch(client: AsyncSandboxClient, *, image: str, n: int, progress: Progress) -> BenchResult:
+async def _launch(
+    client: AsyncSandboxClient, *, image: str, n: int, progress: Progress
+) -> BenchResult:
     result = BenchResult(
         "concurrent launch", {"image": image, "sandboxes": n, "commands each": len(LAUNCH_COMMANDS)}
     )

@@ -116,9 +116,7 @@ def load_config_file(path: Path | None = None) -> dict[str, Any]:
     except FileNotFoundError:
         return {}
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(
-            f"{path} is not valid TOML: {exc}", hint=f"fix or remove {path}"
-        ) from exc
+        raise ConfigError(f"{path} is not valid TOML: {exc}", hint=f"fix or remove {path}") from exc
 
 
 def save_config_file(data: Mapping[str, Any], path: Path | None = None) -> Path:
@@ -132,7 +130,9 @@ def save_config_file(data: Mapping[str, Any], path: Path | None = None) -> Path:
     return path
 
 
-def active_context(data: Mapping[str, Any], name: str | None = None) -> tuple[str | None, dict[str, Any]]:
+def active_context(
+    data: Mapping[str, Any], name: str | None = None
+) -> tuple[str | None, dict[str, Any]]:
     """The context to use: the named one, else ``ORCHARD_CONTEXT``, else ``current_context``."""
     contexts = data.get("contexts", {})
     chosen = name or os.environ.get("ORCHARD_CONTEXT") or data.get("current_context")
@@ -178,11 +178,10 @@ def _resolve(
 ) -> dict[str, Any]:
     resolved: dict[str, Any] = {}
     for setting in table:
-        if overrides.get(setting.key) is not None:
-            resolved[setting.key] = overrides[setting.key]
-            continue
         source, raw = None, None
-        if setting.env in os.environ:
+        if overrides.get(setting.key) is not None:
+            source, raw = "command line", str(overrides[setting.key])
+        elif setting.env in os.environ:
             source, raw = setting.env, os.environ[setting.env]
         elif extra_env and extra_env.get(setting.key, "") in os.environ:
             name = extra_env[setting.key]
@@ -265,4 +264,6 @@ def client_settings(
     resolved = _resolve(
         CLIENT_SETTINGS, {"url": url, "api_key": api_key}, values, label, _UPSTREAM_ENV
     )
-    return ClientSettings(url=resolved["url"].rstrip("/"), api_key=resolved["api_key"], context=name)
+    return ClientSettings(
+        url=resolved["url"].rstrip("/"), api_key=resolved["api_key"], context=name
+    )

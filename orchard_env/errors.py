@@ -73,7 +73,9 @@ class LimitExceeded(InvalidRequest):
 class AuthenticationRequired(OrchardError):
     code = "unauthenticated"
     http_status = 401
-    default_hint = "send the key in the X-API-Key header (SDK: api_key=, CLI: --api-key or a context)"
+    default_hint = (
+        "send the key in the X-API-Key header (SDK: api_key=, CLI: --api-key or a context)"
+    )
 
 
 @_register

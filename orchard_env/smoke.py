@@ -87,7 +87,11 @@ class SmokeReport:
         )
         for step in self.steps:
             case = ET.SubElement(
-                suite, "testcase", classname="orchard.smoke", name=step.name, time=f"{step.seconds:.3f}"
+                suite,
+                "testcase",
+                classname="orchard.smoke",
+                name=step.name,
+                time=f"{step.seconds:.3f}",
             )
             if not step.ok:
                 ET.SubElement(case, "failure", message=step.message).text = step.message
@@ -156,15 +160,18 @@ def _sandbox_checks(run: _Run, sb: Sandbox) -> None:
         _expect(argv.stdout == "a b|c|", f"argv exec printed {argv.stdout!r}, expected 'a b|c|'")
 
     def env_and_cwd() -> None:
-        result = sb.exec("echo $SMOKE_VAR; pwd", env={"SMOKE_VAR": "orchard"}, cwd="/tmp")
-        _expect(result.stdout == "orchard\n/tmp\n", f"env/cwd gave {result.stdout!r}")
+        result = sb.exec("echo $SMOKE_VAR; pwd", env={"SMOKE_VAR": "orchard"}, cwd="/usr")
+        _expect(result.stdout == "orchard\n/usr\n", f"env/cwd gave {result.stdout!r}")
         missing = sb.exec("true", cwd="/does/not/exist")
         _expect(missing.exit_code != 0 and bool(missing.error), "a missing cwd was not an error")
 
     def timeout() -> None:
         started = time.monotonic()
         result = sb.exec("sleep 30", timeout=1)
-        _expect(result.timed_out, f"sleep 30 with a 1 s timeout was not reported as timed out ({result.status})")
+        _expect(
+            result.timed_out,
+            f"sleep 30 with a 1 s timeout was not reported as timed out ({result.status})",
+        )
         _expect(time.monotonic() - started < 15, "the timeout took longer than 15 s to fire")
         plain = sb.exec("exit 124")
         _expect(not plain.timed_out and plain.exit_code == 124, "exit 124 was taken for a timeout")
@@ -173,7 +180,9 @@ def _sandbox_checks(run: _Run, sb: Sandbox) -> None:
         payload = os.urandom(1024 * 1024) + bytes(range(256))
         sb.upload_content(payload, "/workspace/smoke.bin")
         back = sb.download_content("/workspace/smoke.bin")
-        _expect(back == payload, f"downloaded {len(back)} bytes differ from the {len(payload)} uploaded")
+        _expect(
+            back == payload, f"downloaded {len(back)} bytes differ from the {len(payload)} uploaded"
+        )
 
     def patch() -> None:
         sb.upload_content(_PATCH_BASE, "/workspace/smoke.txt")
@@ -189,7 +198,9 @@ def _sandbox_checks(run: _Run, sb: Sandbox) -> None:
         _expect(probe.stdout.startswith("BLOCKED"), f"an outbound route exists: {probe.stdout!r}")
 
     def memory_limit() -> None:
-        result = sb.exec(["python3", "-c", "b = bytearray(512 * 1024 * 1024); print(len(b))"], timeout=60)
+        result = sb.exec(
+            ["python3", "-c", "b = bytearray(512 * 1024 * 1024); print(len(b))"], timeout=60
+        )
         _expect(
             result.exit_code != 0 and "536870912" not in result.stdout,
             "allocating 512 MiB in a 256 MiB sandbox succeeded: the memory limit is not applied",
@@ -216,7 +227,11 @@ def _delete(client: SandboxClient, sb: Sandbox) -> None:
     except SandboxNotFound:
         return
     _expect(info.status == "deleted", f"after delete the sandbox is {info.status!r}")
-    leftovers = [s.sandbox_id for s in client.list_sandboxes(labels={SMOKE_LABEL: "true"}) if s.sandbox_id == sb.sandbox_id]
+    leftovers = [
+        s.sandbox_id
+        for s in client.list_sandboxes(labels={SMOKE_LABEL: "true"})
+        if s.sandbox_id == sb.sandbox_id
+    ]
     _expect(not leftovers, f"sandbox {sb.sandbox_id} is still listed after delete")
 
 

@@ -110,7 +110,9 @@ class LocalProvider:
         try:
             present = bool(client.images.list(name=SANDBOX_IMAGE))
             if not present:
-                progress(f"building {SANDBOX_IMAGE} from Debian packages (first run: a few minutes)")
+                progress(
+                    f"building {SANDBOX_IMAGE} from Debian packages (first run: a few minutes)"
+                )
             image = ensure_sandbox_image(client, progress=progress)
         finally:
             client.close()
@@ -127,12 +129,17 @@ class LocalProvider:
             pid = self._start_process(progress)
         config.write_context(
             self.context,
-            {"url": self.url, "api_key": api_key, "target": "local",
-             "state_dir": str(self.settings.state_dir)},
+            {
+                "url": self.url,
+                "api_key": api_key,
+                "target": "local",
+                "state_dir": str(self.settings.state_dir),
+            },
         )
         verb = "already running" if skipped else "started"
         return StageResult(
-            "deploy", f"orchestrator {verb} at {self.url} (pid {pid}); context {self.context!r}",
+            "deploy",
+            f"orchestrator {verb} at {self.url} (pid {pid}); context {self.context!r}",
             skipped=skipped,
         )
 
