@@ -191,6 +191,7 @@ class SkuOption(BaseModel):
     spot_usd: float | None = None
     viable: bool
     reason: str | None = None
+    hint: str | None = Field(default=None, exclude=True)
 
 
 class PriceUse(BaseModel):
@@ -248,7 +249,8 @@ def _os_disk_for(sku: VmSku, wanted: OsDisk) -> Literal["ephemeral", "managed"]:
     return "managed"
 
 
-def _option(book: PriceBook, request: EstimateRequest, name: str) -> SkuOption:
+def _option(book: PriceBook, request: EstimateRequest, name: str, *, strict: bool) -> SkuOption:
+    """Price one candidate size; ``strict`` raises instead of marking it not viable."""
     sku = book.sku(name)
     capacity = node_capacity(sku, max_pods=request.max_pods, daemonsets=request.daemonsets)
     count, limit = per_node(capacity, request.shape)
@@ -261,22 +263,36 @@ def _option(book: PriceBook, request: EstimateRequest, name: str) -> SkuOption:
     }
     try:
         os_disk = _os_disk_for(sku, request.os_disk)
-    except ConfigError as exc:
-        return SkuOption(**base, os_disk="managed", viable=False, reason=exc.message)
+    except ConfigError:
+        if strict:
+            raise
+        return SkuOption(
+            **base, os_disk="managed", viable=False, reason="no temp disk for an ephemeral OS disk"
+        )
     if count == 0:
+        if strict:
+            pack(request.sandboxes, request.shape, capacity)  # raises with the details
         return SkuOption(
             **base,
             os_disk=os_disk,
             viable=False,
-            reason=f"a {request.shape.describe()} sandbox does not fit ({limit})",
+            reason=f"too small for a {request.shape.describe()} sandbox ({limit})",
         )
     nodes = -(-request.sandboxes // count)
     try:
         on_demand = book.vm_price(name, request.region, "on_demand")
         spot = book.vm_price(name, request.region, "spot") if request.wants_spot else None
     except ConfigError as exc:
-        reason = f"{exc.message} ({exc.hint})" if exc.hint else exc.message
-        return SkuOption(**base, nodes=nodes, os_disk=os_disk, viable=False, reason=reason)
+        if strict:
+            raise
+        return SkuOption(
+            **base,
+            nodes=nodes,
+            os_disk=os_disk,
+            viable=False,
+            reason=exc.message.replace(f" for {name} ", " "),
+            hint=exc.hint,
+        )
     table = book.table
     disk = 0.0
     if os_disk == "managed":
@@ -297,11 +313,15 @@ def _option(book: PriceBook, request: EstimateRequest, name: str) -> SkuOption:
 def _choose(options: list[SkuOption], request: EstimateRequest) -> SkuOption:
     viable = [option for option in options if option.viable]
     if not viable:
-        reasons = "; ".join(f"{o.sku}: {o.reason}" for o in options)
+        by_reason: dict[str, list[str]] = {}
+        for option in options:
+            by_reason.setdefault(option.reason or "not usable", []).append(option.sku)
+        reasons = "; ".join(f"{why}: {', '.join(skus)}" for why, skus in by_reason.items())
+        hints = dict.fromkeys(option.hint for option in options if option.hint)
         raise ConfigError(
             f"no VM size can run {request.sandboxes} x {request.shape.describe()} in "
-            f"{request.region}: {reasons}",
-            hint="try --live for prices in this region, or another --vm-size",
+            f"{request.region} ({reasons})",
+            hint="; ".join(hints) or "choose another --vm-size",
         )
 
     def cost(option: SkuOption) -> float:
@@ -494,16 +514,9 @@ _FIXED_KEYS = frozenset(
 
 def estimate(request: EstimateRequest, book: PriceBook) -> Estimate:
     """Price ``request`` with ``book``: pick the sandbox VM size, itemise, compare."""
-    names = request.vm_sizes or book.table.default_candidates
-    options = [_option(book, request, name) for name in dict.fromkeys(names)]
-    if len(options) == 1 and not options[0].viable:
-        only = options[0]
-        if only.per_node == 0:
-            capacity = node_capacity(
-                book.sku(only.sku), max_pods=request.max_pods, daemonsets=request.daemonsets
-            )
-            pack(request.sandboxes, request.shape, capacity)  # raises with the details
-        raise ConfigError(f"{only.sku}: {only.reason}", hint="choose another --vm-size")
+    names = list(dict.fromkeys(request.vm_sizes or book.table.default_candidates))
+    strict = len(names) == 1
+    options = [_option(book, request, name, strict=strict) for name in names]
     chosen = _choose(options, request)
     capacity = node_capacity(
         book.sku(chosen.sku), max_pods=request.max_pods, daemonsets=request.daemonsets

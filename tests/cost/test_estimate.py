@@ -93,7 +93,7 @@ def test_ephemeral_os_disks_cost_nothing_and_need_a_temp_disk() -> None:
     with pytest.raises(ConfigError) as caught:
         run(vm_sizes=["Standard_D8as_v5"], os_disk="ephemeral")
     assert caught.value.message == (
-        "Standard_D8as_v5: Standard_D8as_v5 has no temp disk, so it cannot use an ephemeral OS disk"
+        "Standard_D8as_v5 has no temp disk, so it cannot use an ephemeral OS disk"
     )
     auto_ephemeral = run(os_disk="ephemeral")
     assert auto_ephemeral.chosen.sku == "Standard_D8ads_v5"
@@ -117,15 +117,34 @@ def test_knobs_tier_eviction_registry_ips() -> None:
 def test_a_sandbox_too_big_for_the_only_size() -> None:
     with pytest.raises(InvalidRequest, match="does not fit on Standard_D4as_v5"):
         run(vm_sizes=["Standard_D4as_v5"], cpu="4")
-    with pytest.raises(ConfigError, match="no VM size can run 128 x 64 CPU / 8Gi in eastus"):
+    with pytest.raises(ConfigError, match=r"no VM size can run 128 x 64 CPU / 8Gi in eastus \(too"):
         run(cpu="64")
 
 
 def test_regions_without_prices_fail_with_a_live_hint() -> None:
     with pytest.raises(ConfigError) as caught:
-        run(region="westus2")
-    assert caught.value.hint == "try --live for prices in this region, or another --vm-size"
-    assert "rerun with --live to fetch westus2 prices" in caught.value.message
+        run(region="westus2", vm_sizes=["Standard_D8as_v5", "Standard_D16as_v5"])
+    assert caught.value.message == (
+        "no VM size can run 128 x 2 CPU / 8Gi in westus2 (no on-demand price in westus2: "
+        "Standard_D8as_v5, Standard_D16as_v5)"
+    )
+    assert caught.value.hint == (
+        "the shipped table covers eastus for a few sizes only; rerun with --live to fetch "
+        "westus2 prices"
+    )
+    with pytest.raises(ConfigError) as single:
+        run(region="westus2", vm_sizes=["Standard_D8as_v5"])
+    assert single.value.message == "no on-demand price for Standard_D8as_v5 in westus2"
+
+
+def test_mixed_reasons_are_grouped() -> None:
+    with pytest.raises(ConfigError) as caught:
+        run(cpu="12", vm_sizes=["Standard_D4as_v5", "Standard_D8as_v5", "Standard_D16ads_v5"])
+    assert caught.value.message == (
+        "no VM size can run 128 x 12 CPU / 8Gi in eastus (too small for a 12 CPU / 8Gi sandbox "
+        "(cpu): Standard_D4as_v5, Standard_D8as_v5; no on-demand price in eastus: "
+        "Standard_D16ads_v5)"
+    )
 
 
 def test_managed_services_are_priced_for_the_same_workload() -> None:

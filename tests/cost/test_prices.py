@@ -24,30 +24,10 @@ from orchard_env.cost.prices import (
     write_cache,
 )
 from orchard_env.errors import ConfigError, InvalidRequest, Unavailable
+from tests.cost.fakes import price_row as row
 
 NOW = datetime(2026, 8, 1, 12, tzinfo=UTC)
 API = "https://prices.azure.com/api/retail/prices"
-
-
-def row(**overrides: Any) -> dict[str, Any]:
-    """A Linux on-demand D8as_v5 row as the API serves it; override what a test varies."""
-    item = {
-        "currencyCode": "USD",
-        "retailPrice": 0.344,
-        "unitPrice": 0.344,
-        "armRegionName": "eastus",
-        "effectiveStartDate": "2023-01-01T00:00:00Z",
-        "meterName": "D8as v5",
-        "productName": "Virtual Machines Dasv5 Series",
-        "skuName": "D8as v5",
-        "serviceName": "Virtual Machines",
-        "unitOfMeasure": "1 Hour",
-        "type": "Consumption",
-        "isPrimaryMeterRegion": True,
-        "armSkuName": "Standard_D8as_v5",
-    }
-    item.update(overrides)
-    return item
 
 
 MIXED_ROWS = [

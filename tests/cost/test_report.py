@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -27,15 +23,11 @@ from orchard_env.cost.report import (
 )
 from orchard_env.errors import ConfigError, InvalidRequest, PermissionDenied, Unavailable
 from orchard_env.protocol import UsageRecord, UsageReport
+from tests.cost.fakes import NODES, NOW, FakeKubeApi, hours_ago, write_kubeconfig
 
-NOW = datetime(2026, 8, 1, 12, tzinfo=UTC)
 BOOK = PriceBook(load_price_table())
 GIB = 1024**3
 OD, SPOT = 0.344, 0.072618  # Standard_D8as_v5, eastus
-
-
-def hours_ago(hours: float) -> datetime:
-    return NOW - timedelta(hours=hours)
 
 
 def record(
@@ -167,67 +159,6 @@ def test_report_without_cluster_prices_what_the_nodes_ran_as() -> None:
 # --- cluster nodes ---------------------------------------------------------------------------
 
 
-def node_json(
-    name: str,
-    *,
-    pool: str,
-    size: str,
-    created: datetime,
-    spot: bool = False,
-    mode: str = "user",
-    sandbox: bool = False,
-    legacy_pool_label: bool = False,
-) -> dict[str, Any]:
-    labels = {
-        "node.kubernetes.io/instance-type": size,
-        "topology.kubernetes.io/region": "eastus",
-        "kubernetes.azure.com/mode": mode,
-        ("agentpool" if legacy_pool_label else "kubernetes.azure.com/agentpool"): pool,
-    }
-    if spot:
-        labels["kubernetes.azure.com/scalesetpriority"] = "spot"
-    if sandbox:
-        labels["workload"] = "sandbox"
-    return {
-        "metadata": {
-            "name": name,
-            "labels": labels,
-            "creationTimestamp": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        },
-        "status": {"allocatable": {"cpu": "7420m", "memory": "31268Mi", "pods": "30"}},
-    }
-
-
-NODES = [
-    node_json(
-        "aks-sys-0", pool="sys", size="Standard_D4as_v5", created=hours_ago(10), mode="system"
-    ),
-    node_json(
-        "aks-sbx-0",
-        pool="sbx",
-        size="Standard_D8as_v5",
-        created=hours_ago(4),
-        spot=True,
-        sandbox=True,
-    ),
-    node_json(
-        "aks-sbx-1",
-        pool="sbx",
-        size="Standard_D8as_v5",
-        created=hours_ago(2),
-        spot=True,
-        sandbox=True,
-    ),
-    node_json(
-        "aks-odd-0",
-        pool="odd",
-        size="Standard_Weird_v9",
-        created=hours_ago(1),
-        legacy_pool_label=True,
-    ),
-]
-
-
 def test_parse_node_reads_pool_priority_role_size_and_allocatable() -> None:
     node = parse_node(NODES[1])
     assert (node.name, node.pool, node.priority, node.role) == (
@@ -281,89 +212,6 @@ def test_usage_and_cluster_give_idle_node_time() -> None:
 
 
 # --- a Kubernetes API over real HTTP ----------------------------------------------------------
-
-
-class FakeKubeApi(ThreadingHTTPServer):
-    token = "secret-token"
-
-    def __init__(self, nodes: list[dict[str, Any]]) -> None:
-        super().__init__(("127.0.0.1", 0), _KubeHandler)
-        self.nodes = nodes
-        self.paths: list[str] = []
-        self.deny = False
-
-
-class _KubeHandler(BaseHTTPRequestHandler):
-    server: FakeKubeApi
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
-
-    def do_GET(self) -> None:
-        self.server.paths.append(self.path)
-        url = urlsplit(self.path)
-        if self.headers.get("Authorization") != f"Bearer {self.server.token}" or self.server.deny:
-            self._send(403, {"kind": "Status", "reason": "Forbidden", "code": 403})
-            return
-        if url.path != "/api/v1/nodes":
-            self._send(404, {"kind": "Status", "reason": "NotFound", "code": 404})
-            return
-        query = parse_qs(url.query)
-        limit = int(query.get("limit", ["500"])[0])
-        start = int(query.get("continue", ["0"])[0])
-        page = self.server.nodes[start : start + limit]
-        more = start + limit < len(self.server.nodes)
-        self._send(
-            200,
-            {
-                "kind": "NodeList",
-                "apiVersion": "v1",
-                "metadata": {"continue": str(start + limit)} if more else {},
-                "items": page,
-            },
-        )
-
-    def _send(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-@pytest.fixture
-def kube_api() -> Iterator[FakeKubeApi]:
-    server = FakeKubeApi(NODES)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join()
-
-
-def write_kubeconfig(path: Path, server: str, token: str = FakeKubeApi.token) -> Path:
-    path.write_text(
-        f"""apiVersion: v1
-kind: Config
-clusters:
-- name: fake
-  cluster:
-    server: {server}
-contexts:
-- name: fake
-  context:
-    cluster: fake
-    user: fake
-current-context: fake
-users:
-- name: fake
-  user:
-    token: {token}
-"""
-    )
-    return path
 
 
 def test_list_cluster_nodes_pages_through_a_real_http_api(
