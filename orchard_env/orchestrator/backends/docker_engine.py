@@ -68,6 +68,7 @@ API_VERSION = "1.41"
 # Where engines usually listen, in the order they are tried when nothing is configured.
 WELL_KNOWN_SOCKETS = ("/run/podman/podman.sock", "/var/run/docker.sock")
 
+MAX_SOCKET_PATH = 107  # sockaddr_un.sun_path is 108 bytes with the terminating NUL
 _INSTANCE_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 _STATES = {
     "created": SandboxState.CREATING,
@@ -331,6 +332,14 @@ class DockerEngineBackend:
                 f"the agent bundle directory {self._bundle_dir} does not exist",
                 hint="build it with orchard_env.agent.bundle.ensure_bundle(), or fix "
                 "agent_bundle_dir",
+            )
+        socket_path = os.fsencode(run_dir / SOCKET_NAME)
+        if len(socket_path) > MAX_SOCKET_PATH:
+            raise errors.InvalidRequest(
+                f"the agent socket path for sandbox {spec.sandbox_id!r} would be "
+                f"{len(socket_path)} bytes, over the {MAX_SOCKET_PATH} a unix socket allows",
+                hint=f"use a shorter sandbox id, or a shorter state_dir than "
+                f"{self._settings.state_dir}",
             )
         self._ensure_image(spec.image)
         if self._get(name) is not None:

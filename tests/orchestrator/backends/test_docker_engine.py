@@ -255,6 +255,45 @@ async def test_missing_image_fails_fast_with_the_engine_reason(
     assert not (settings.sandboxes_dir / wanted.sandbox_id).exists()
 
 
+async def test_an_id_too_long_for_the_socket_path_is_refused_before_anything_is_made(
+    backend: DockerEngineBackend, spec: Callable[..., SandboxSpec], settings: ServiceSettings
+) -> None:
+    room = 107 - len(f"{settings.sandboxes_dir}/") - len("/agent.sock")
+    too_long = spec(sandbox_id="x" * (room + 1))
+    with pytest.raises(errors.InvalidRequest) as caught:
+        await backend.create(too_long)
+    assert caught.value.message == (
+        f"the agent socket path for sandbox {too_long.sandbox_id!r} would be 108 bytes, "
+        "over the 107 a unix socket allows"
+    )
+    assert not settings.sandboxes_dir.exists()
+    fits = await _ready(backend, spec(sandbox_id="x" * room))
+    assert fits.agent is not None and len(fits.agent.uds or "") == 107
+
+
+async def test_an_image_whose_user_is_not_root_gets_its_agent(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    busybox_image: str,
+    docker_client: docker.DockerClient,
+) -> None:
+    base = docker_client.containers.create(busybox_image, ["true"])
+    nobody = f"localhost/orchard/test-nobody:{uuid4().hex[:8]}"
+    try:
+        base.commit(*nobody.rsplit(":", 1), changes=["USER 65534"])
+    finally:
+        base.remove()
+    try:
+        sandbox = await _ready(backend, spec(image=nobody, workdir="/tmp"))
+        async with _agent(sandbox) as agent:
+            output, _ = await _run(agent, "id -u")
+        assert output == "65534\n"
+    finally:  # the image can go once no container uses it
+        for leftover in await backend.list():
+            await backend.delete(leftover.sandbox_id)
+        docker_client.images.remove(nobody)
+
+
 async def test_duplicate_id_is_refused_and_the_first_keeps_working(
     backend: DockerEngineBackend, spec: Callable[..., SandboxSpec]
 ) -> None:
