@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 
-import click
 import typer
 from rich.text import Text
 
@@ -59,15 +58,14 @@ def main() -> None:
         if exc.hint:
             err.print(Text.assemble(("Hint: ", "dim"), exc.hint))
         sys.exit(1)
-    except click.exceptions.Abort:
-        err.print("Aborted.")
-        sys.exit(130)
-    except KeyboardInterrupt:
+    except (typer.Abort, KeyboardInterrupt):
         err.print("Interrupted.")
         sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+    except typer.exceptions.TyperException as exc:  # usage errors (typer's vendored click)
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        sys.exit(int(getattr(exc, "exit_code", 2)))
     sys.exit(code if isinstance(code, int) else 0)
 
 

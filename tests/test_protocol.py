@@ -1,0 +1,101 @@
+"""The shared validators: the SDK, CLI and server reject the same inputs the same way."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from orchard_env import protocol
+
+
+@pytest.mark.parametrize(
+    ("value", "cores"), [("2", 2.0), ("500m", 0.5), (1, 1.0), (0.25, 0.25), ("1.5", 1.5)]
+)
+def test_cpu_quantities(value: str | float, cores: float) -> None:
+    assert protocol.parse_cpu(value) == cores
+
+
+@pytest.mark.parametrize("value", ["two", "-1", "0", "5x", True])
+def test_bad_cpu_quantities(value: str | bool) -> None:
+    with pytest.raises(ValueError, match="cpu"):
+        protocol.parse_cpu(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "size"),
+    [
+        ("512Mi", 512 * 1024**2),
+        ("8Gi", 8 * 1024**3),
+        ("1G", 10**9),
+        ("1.5Gi", 3 * 512 * 1024**2),
+        (42, 42),
+    ],
+)
+def test_memory_quantities(value: str | int, size: int) -> None:
+    assert protocol.parse_memory(value) == size
+
+
+@pytest.mark.parametrize("value", ["lots", "8GB", "0", "-1Gi"])
+def test_bad_memory_quantities(value: str) -> None:
+    with pytest.raises(ValueError, match="memory"):
+        protocol.parse_memory(value)
+
+
+def test_format_memory_picks_the_largest_exact_unit() -> None:
+    assert protocol.format_memory(8 * 1024**3) == "8Gi"
+    assert protocol.format_memory(1536 * 1024**2) == "1536Mi"
+    assert protocol.format_memory(1000) == "1000"
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "python:3.11-slim",
+        "localhost/orchard/sandbox:latest",
+        "ghcr.io/org/repo/img@sha256:" + "a" * 64,
+        "registry:5000/x/y:1.0",
+    ],
+)
+def test_valid_images(image: str) -> None:
+    assert protocol.CreateSandboxRequest(image=image).image == image
+
+
+@pytest.mark.parametrize("image", ["", "Python:3.11", "img:tag with space", "a//b"])
+def test_invalid_images_name_the_value(image: str) -> None:
+    with pytest.raises(ValidationError, match="is not a valid image reference"):
+        protocol.CreateSandboxRequest(image=image)
+
+
+@pytest.mark.parametrize("sandbox_id", ["Upper", "-lead", "trail-", "a" * 64, "under_score"])
+def test_sandbox_ids_must_be_dns_labels(sandbox_id: str) -> None:
+    with pytest.raises(ValidationError, match="is not a DNS label"):
+        protocol.CreateSandboxRequest(image="busybox", sandbox_id=sandbox_id)
+
+
+def test_unknown_fields_are_refused() -> None:
+    with pytest.raises(ValidationError, match="imgae"):
+        protocol.CreateSandboxRequest.model_validate({"image": "busybox", "imgae": "x"})
+
+
+def test_labels_and_workdir_are_checked() -> None:
+    with pytest.raises(ValidationError, match="label key"):
+        protocol.CreateSandboxRequest(image="busybox", labels={"bad key": "v"})
+    with pytest.raises(ValidationError, match="must be an absolute path"):
+        protocol.CreateSandboxRequest(image="busybox", workdir="relative")
+
+
+def test_exec_request_rejects_empty_commands() -> None:
+    with pytest.raises(ValidationError, match="command is empty"):
+        protocol.ExecRequest(command="  ")
+    with pytest.raises(ValidationError, match="command is empty"):
+        protocol.ExecRequest(command=[])
+
+
+def test_command_text_keeps_argv_quoting() -> None:
+    assert protocol.command_text(["printf", "%s", "a b"]) == "printf %s 'a b'"
+    assert protocol.command_text("echo hi | wc") == "echo hi | wc"
+
+
+def test_job_status_done() -> None:
+    assert not protocol.JobStatus.RUNNING.done
+    assert protocol.JobStatus.TIMEOUT.done
