@@ -18,7 +18,7 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self, TypeVar, cast, overload
+from typing import Literal, Self, TypeVar, cast, overload
 
 import httpx
 
@@ -288,7 +288,7 @@ class SandboxClient:
             step.path,
             params=tuple(step.params),
             json=step.json,
-            content=cast(Any, step.content()) if step.content is not None else None,
+            content=step.content() if step.content is not None else None,
             headers=step.headers,
             timeout=self._core.http_timeout(step.timeout),
         )
