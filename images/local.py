@@ -76,18 +76,13 @@ def _recipe_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _image_labels(client: docker.DockerClient, name: str) -> dict[str, str] | None:
-    """The image's labels, or None when the engine does not have it."""
+def _is_current(client: docker.DockerClient, name: str, key: str) -> bool:
+    """Whether the engine has image ``name`` built from recipe ``key``."""
     try:
         image = client.images.get(name)
     except docker.errors.ImageNotFound:
-        return None
-    return dict(image.labels or {})
-
-
-def _is_current(client: docker.DockerClient, name: str, key: str) -> bool:
-    labels = _image_labels(client, name)
-    return labels is not None and labels.get(RECIPE_LABEL) == key
+        return False
+    return bool((image.labels or {}).get(RECIPE_LABEL) == key)
 
 
 def _import(
@@ -118,6 +113,17 @@ def _import(
 
 
 # --- busybox ---------------------------------------------------------------------------------
+
+
+def _is_static_elf64(binary: bytes) -> bool:
+    """A little-endian 64-bit ELF file without a PT_INTERP program header (no loader)."""
+    if binary[:6] != b"\x7fELF\x02\x01":
+        return False
+    phoff = int.from_bytes(binary[32:40], "little")
+    size = int.from_bytes(binary[54:56], "little")
+    count = int.from_bytes(binary[56:58], "little")
+    headers = (binary[phoff + i * size : phoff + i * size + 4] for i in range(count))
+    return all(int.from_bytes(kind, "little") != 3 for kind in headers)  # 3 = PT_INTERP
 
 
 def _busybox_applets(busybox: Path) -> list[str]:
@@ -164,8 +170,12 @@ def ensure_busybox_image(client: docker.DockerClient, *, busybox: Path | None = 
         raise OrchardError(
             f"{binary_path} does not exist", hint="apt-get install busybox-static"
         ) from None
-    if not binary.startswith(b"\x7fELF"):
-        raise OrchardError(f"{binary_path} is not an ELF executable", hint="use busybox-static")
+    if not _is_static_elf64(binary):
+        raise OrchardError(
+            f"{binary_path} is not a statically linked x86-64/arm64 executable: the image has "
+            "no libc for it",
+            hint="apt-get install busybox-static",
+        )
     applets = _busybox_applets(binary_path)
     key = _recipe_key({"busybox": hashlib.sha256(binary).hexdigest(), "applets": applets})
     if _is_current(client, BUSYBOX_IMAGE, key):

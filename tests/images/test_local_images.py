@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import docker
@@ -9,6 +10,7 @@ import pytest
 
 from images import local
 from images.local import RECIPE_LABEL, list_local_images, sandbox_packages
+from orchard_env.errors import OrchardError
 
 
 def _run(client: docker.DockerClient, image: str, script: str) -> str:
@@ -109,3 +111,16 @@ def test_prune_empties_caches_but_keeps_what_apt_and_dpkg_need(tmp_path: Path) -
     for folder in ("var/lib/apt/lists/partial", "var/cache/apt/archives/partial", "var/log/apt"):
         assert (tmp_path / folder).is_dir()
     assert (tmp_path / "workspace").is_dir()
+
+
+def test_only_a_static_busybox_is_accepted(tmp_path: Path) -> None:
+    assert local._is_static_elf64(Path("/bin/busybox").read_bytes())  # busybox-static
+    assert not local._is_static_elf64(Path(sys.executable).resolve().read_bytes())
+    script = tmp_path / "busybox"
+    script.write_text("#!/bin/sh\n")
+    no_engine = docker.DockerClient(base_url="unix:///nonexistent.sock", version="1.41")
+    with pytest.raises(OrchardError) as caught:  # refused before the engine is asked anything
+        local.ensure_busybox_image(no_engine, busybox=script)
+    assert caught.value.message == (
+        f"{script} is not a statically linked x86-64/arm64 executable: the image has no libc for it"
+    )
