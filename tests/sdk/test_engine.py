@@ -1,0 +1,128 @@
+"""Upstream's README usage, unchanged, against real containers (engine tier).
+
+The orchestrator runs under uvicorn on loopback with the real engine backend (Podman here)
+and the locally built images: the Debian sandbox image (python3, bash, git) and a busybox
+image with no Python and no bash at all. Paths are the real ``/workspace`` of a container.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from orchard_env import errors
+from orchard_env.config import ServiceSettings, service_settings
+from orchard_env.orchestrator.app import create_app
+from orchard_env.orchestrator.keys import create_key_sync
+from orchard_env.sdk import AsyncSandboxClient, SandboxClient
+
+pytestmark = pytest.mark.engine
+
+PATCH = """\
+--- a/app.py
++++ b/app.py
+@@ -1,2 +1,2 @@
+ def greet(name):
+-    return f"Hello, {name}"
++    return f"Hello, {name}!"
+"""
+
+
+@pytest.fixture
+def settings(
+    tmp_path_factory: pytest.TempPathFactory, engine_instance: str, agent_bundle: Path
+) -> ServiceSettings:
+    # A short state dir: the agent's socket path must fit a unix socket address.
+    return service_settings(
+        state_dir=tmp_path_factory.mktemp("sdk"),
+        instance=f"{engine_instance}-sdk",
+        agent_bundle_dir=agent_bundle,
+    )
+
+
+@pytest.fixture
+def orchard(settings: ServiceSettings) -> Iterator[tuple[str, str]]:
+    key = create_key_sync(settings, "sdk-engine", admin=True)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings),
+            host="127.0.0.1",
+            port=0,
+            lifespan="on",
+            log_config=None,
+            log_level="warning",
+        )
+    )
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}", key.api_key
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+def test_readme_flow_in_a_real_container(
+    orchard: tuple[str, str], sandbox_image: str, tmp_path: Path
+) -> None:
+    url, key = orchard
+    local = tmp_path / "local_file.py"
+    local.write_text("import os\nprint(os.getcwd(), os.environ['DEBUG'])\n")
+    with SandboxClient(base_url=url, api_key=key) as client:
+        with client.create_sandbox(sandbox_image, memory="512Mi") as sandbox:
+            result = sandbox.exec("echo 'Hello, World!'")
+            assert result.stdout == "Hello, World!\n"
+
+            sandbox.upload_file(str(local), "/workspace/script.py")
+            result = sandbox.exec(
+                "python3 script.py", timeout=60, cwd="/workspace", env={"DEBUG": "1"}
+            )
+            assert result.stdout == "/workspace 1\n"
+
+            sandbox.exec("echo 'Generated in sandbox' > /workspace/output.txt")
+            sandbox.download_file("/workspace/output.txt", str(tmp_path / "local_output.txt"))
+            assert (tmp_path / "local_output.txt").read_text() == "Generated in sandbox\n"
+            files = {f["name"]: f["type"] for f in sandbox.list_files("/workspace")}
+            assert files == {"script.py": "file", "output.txt": "file"}
+
+            sandbox.exec("git init -q /workspace", check=True)
+            sandbox.upload_content(
+                b'def greet(name):\n    return f"Hello, {name}"\n', "/workspace/app.py"
+            )
+            assert sandbox.apply_patch(PATCH).success
+            assert b'f"Hello, {name}!"' in sandbox.download_content("/workspace/app.py")
+
+            with sandbox.pty(["bash", "-c", "tty -s && echo HAS_TTY; exit 7"]) as proc:
+                assert b"HAS_TTY" in proc.read_all(timeout=20)
+                assert proc.wait(timeout=10) == 7
+            sandbox_id = sandbox.sandbox_id
+        with pytest.raises(errors.SandboxNotFound):
+            client.get_sandbox(sandbox_id).exec("true")
+
+
+async def test_async_client_on_an_image_without_python_or_bash(
+    orchard: tuple[str, str], busybox_image: str
+) -> None:
+    url, key = orchard
+    async with (
+        AsyncSandboxClient(base_url=url, api_key=key) as client,
+        await client.create_sandbox(busybox_image) as sandbox,
+    ):
+        result = await sandbox.exec("echo $((6 * 7)); ls /usr/bin/python3 /bin/bash")
+        assert result.stdout == "42\n" and result.exit_code != 0
+        await sandbox.upload_content("busybox\n", "/workspace/note.txt")
+        assert (await sandbox.exec(["cat", "/workspace/note.txt"])).stdout == "busybox\n"
+        streamed = [e.data async for e in sandbox.exec_stream("echo a; echo b") if e.data]
+        assert "".join(c or "" for c in streamed) == "a\nb\n"
+        proc = await sandbox.exec(["sh"], pty=True)
+        await proc.write_stdin("exit 3\n")
+        assert await proc.wait(timeout=20) == 3
+        await proc.close()
