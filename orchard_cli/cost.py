@@ -397,7 +397,7 @@ def _render_estimate(result: Estimate) -> None:
     for quote in result.managed:
         out.print(
             Text(
-                f"{quote.service}: {quote.formula}. Source: {quote.source}, {quote.as_of}.",
+                f"{quote.service}: {quote.formula}. Source: {quote.source}; as of {quote.as_of}.",
                 style="dim",
             )
         )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 HOURS_PER_MONTH = 730
-SOURCE_DATE = "2025-2026 (stored copy; capture date not recorded)"
+SOURCE_DATE = "2025-2026 (stored copy, capture date not recorded)"
 
 
 class Workload(BaseModel):

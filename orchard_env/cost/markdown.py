@@ -121,7 +121,7 @@ def estimate_markdown(estimate: Estimate) -> str:
             usd(quote.plan_usd),
             usd(quote.total_usd),
             quote.session_limit,
-            f"{quote.source} ({quote.as_of})",
+            f"{quote.source}; as of {quote.as_of}",
         ]
         for quote in estimate.managed
     ]
