@@ -104,6 +104,8 @@ def test_readme_sync_usage(live: Live, tmp_path: Path) -> None:
     with SandboxClient(base_url=live.url, api_key=live.api_key) as client:
         assert client.health().status == "healthy"
         with client.create_sandbox("debian:12", labels={"suite": "sdk"}) as sandbox:
+            assert client.resources().sandboxes == 1
+            assert sandbox.heartbeat().status == "ok"
             result = sandbox.exec("echo 'Hello, World!'")
             assert (result.stdout, result.exit_code, result.succeeded) == (
                 "Hello, World!\n",
@@ -258,6 +260,8 @@ async def test_readme_async_usage(
             assert "".join(c or "" for c in chunks) == "streamed\n"
             sandbox_id = sandbox.sandbox_id
         assert sandbox_id not in backend.sandboxes
+        usage = await client.usage(since="2000-01-01T00:00:00+00:00")
+        assert sandbox_id in {record.sandbox_id for record in usage.records}
         leftover = (await client.create_sandbox("debian:12")).sandbox_id
     assert leftover not in backend.sandboxes  # close() deleted what the client created
 
