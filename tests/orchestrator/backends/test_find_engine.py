@@ -1,7 +1,8 @@
-"""find_engine: which socket it picks, in which order, and what it says when none answers.
+"""find_engine: which socket it picks, in which order, and what it says when none answers;
+and what the backend says when its engine stops answering.
 
 The engines here are tiny HTTP servers on real unix sockets in a temporary directory that
-answer the ping (GET /_ping).
+answer the ping (GET /_ping) and hang up on every other request.
 """
 
 from __future__ import annotations
@@ -15,14 +16,19 @@ from pathlib import Path
 
 import pytest
 
+from orchard_env import errors
+from orchard_env.config import service_settings
 from orchard_env.errors import EngineNotFound
 from orchard_env.orchestrator.backends import docker_engine
-from orchard_env.orchestrator.backends.docker_engine import find_engine
+from orchard_env.orchestrator.backends.docker_engine import DockerEngineBackend, find_engine
 
 
 class _FakeEngine(BaseHTTPRequestHandler):
+    """Answers the ping; hangs up on anything else, like an engine that just died."""
+
     def do_GET(self) -> None:
-        assert self.path.endswith("/_ping")
+        if not self.path.endswith("/_ping"):
+            return
         self.send_response(200)
         self.send_header("Content-Length", "2")
         self.end_headers()
@@ -131,3 +137,18 @@ def test_nothing_answers_names_every_path_and_how_to_fix_it(
     assert message.endswith(f"; unix://{user_podman} (no such socket)")
     assert caught.value.hint is not None
     assert "podman system service --time=0 unix:///run/podman/podman.sock" in caught.value.hint
+
+
+async def test_an_engine_that_stops_answering_makes_the_backend_unavailable(
+    engine_at: Callable[[str], str], tmp_path: Path
+) -> None:
+    url = engine_at("dying.sock")
+    settings = service_settings(state_dir=tmp_path / "state", docker_host=url, instance="unit")
+    backend = DockerEngineBackend(settings, bundle_dir=tmp_path)
+    try:
+        with pytest.raises(errors.BackendUnavailable) as caught:
+            await backend.list()
+    finally:
+        await backend.close()
+    assert caught.value.message.startswith(f"the container engine at {url} did not answer: ")
+    assert caught.value.hint is not None and "podman system service" in caught.value.hint
