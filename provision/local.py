@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -232,27 +231,36 @@ class LocalProvider:
     def _start_process(self, progress: Progress) -> int:
         self.paths.state_dir.mkdir(parents=True, exist_ok=True)
         progress(f"starting the orchestrator (log: {self.paths.log_file})")
-        log = self.paths.log_file.open("ab")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "orchard_env.orchestrator"],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=_service_env(self.settings),
-            start_new_session=True,
-        )
-        log.close()
-        self.paths.pid_file.write_text(f"{process.pid}\n")
+        # posix_spawn, not Popen: the service outlives this process, so there is no Popen
+        # object to wait on, only a pid (and a pid file).
+        log_fd = os.open(self.paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        null_fd = os.open(os.devnull, os.O_RDONLY)
+        try:
+            pid = os.posix_spawn(
+                sys.executable,
+                [sys.executable, "-m", "orchard_env.orchestrator"],
+                _service_env(self.settings),
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, null_fd, 0),
+                    (os.POSIX_SPAWN_DUP2, log_fd, 1),
+                    (os.POSIX_SPAWN_DUP2, log_fd, 2),
+                ],
+                setsid=True,
+            )
+        finally:
+            os.close(log_fd)
+            os.close(null_fd)
+        self.paths.pid_file.write_text(f"{pid}\n")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if process.poll() is not None:
+            if not _pid_alive(pid):
                 tail = self.paths.log_file.read_text(errors="replace")[-2000:]
                 raise OrchardError(
-                    f"the orchestrator exited with code {process.returncode} at start:\n{tail}",
+                    f"the orchestrator exited at start:\n{tail}",
                     hint=f"the whole log is {self.paths.log_file}",
                 )
             if self._healthy(""):
-                return process.pid
+                return pid
             time.sleep(0.2)
         raise OrchardError(
             f"the orchestrator did not answer on {self.url} within 60 s",
