@@ -216,7 +216,13 @@ def list_sandboxes(
 ) -> Flow[list[protocol.SandboxInfo]]:
     params = [("label", f"{key}={value}") for key, value in (labels or {}).items()]
     if status is not None:
-        params.append(("status", protocol.SandboxStatus(status).value))
+        try:
+            params.append(("status", protocol.SandboxStatus(status).value))
+        except ValueError:
+            known = ", ".join(s.value for s in protocol.SandboxStatus)
+            raise errors.InvalidRequest(
+                f"unknown sandbox status {status!r}", hint=f"use one of {known}"
+            ) from None
     if include_deleted:
         params.append(("include_deleted", "true"))
     data = yield from call(core, Send("GET", "/sandboxes", params=params))

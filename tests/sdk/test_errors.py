@@ -91,3 +91,12 @@ def test_stdin_must_be_text(client: SandboxClient, service: FakeService) -> None
     with pytest.raises(errors.InvalidRequest, match="stdin must be UTF-8 text"):
         sandbox.exec("cat", stdin=b"\xff\xfe")
     assert service.executions == 0
+
+
+def test_unknown_status_filter(client: SandboxClient, service: FakeService) -> None:
+    with pytest.raises(errors.InvalidRequest, match="unknown sandbox status 'running'") as caught:
+        client.list_sandboxes(status="running")
+    assert caught.value.hint is not None and "pending, ready" in caught.value.hint
+    assert client.list_sandboxes(labels={"a": "b"}, status="ready") == []
+    (listing,) = service.seen("GET", "/sandboxes")
+    assert listing.url.params.multi_items() == [("label", "a=b"), ("status", "ready")]
