@@ -105,7 +105,7 @@ MarkdownOpt = Annotated[
 MaxPodsOpt = Annotated[
     int | None,
     typer.Option(
-        "--max-pods", help="Max pods per sandbox node; sets AKS's memory reservation. [default: 30]"
+        "--max-pods", help="Max pods per sandbox node; sets AKS's memory reservation. Default: 30."
     ),
 ]
 DsCpuOpt = Annotated[
@@ -113,19 +113,19 @@ DsCpuOpt = Annotated[
     typer.Option(
         "--daemonset-cpu",
         help="CPU the DaemonSets request on each node (kubectl describe node shows it). "
-        "[default: 400m]",
+        " Default: 400m.",
     ),
 ]
 DsMemoryOpt = Annotated[
     str | None,
     typer.Option(
-        "--daemonset-memory", help="Memory the DaemonSets request on each node. [default: 750Mi]"
+        "--daemonset-memory", help="Memory the DaemonSets request on each node. Default: 750Mi."
     ),
 ]
 DsPodsOpt = Annotated[
     int | None,
     typer.Option(
-        "--daemonset-pods", help="DaemonSet pods on each node (they use pod slots). [default: 10]"
+        "--daemonset-pods", help="DaemonSet pods on each node (they use pod slots). Default: 10."
     ),
 ]
 
@@ -158,11 +158,11 @@ def estimate(
     ],
     cpu: Annotated[
         str | None,
-        typer.Option("--cpu", help="CPU request per sandbox, e.g. 2 or 500m. [default: 1]"),
+        typer.Option("--cpu", help="CPU request per sandbox, e.g. 2 or 500m. Default: 1."),
     ] = None,
     memory: Annotated[
         str | None,
-        typer.Option("--memory", help="Memory request per sandbox, e.g. 8Gi. [default: 2Gi]"),
+        typer.Option("--memory", help="Memory request per sandbox, e.g. 8Gi. Default: 2Gi."),
     ] = None,
     region: RegionOpt = None,
     vm_size: Annotated[
@@ -175,23 +175,21 @@ def estimate(
     ] = None,
     pricing: Annotated[
         Pricing | None,
-        typer.Option(
-            "--pricing", help="Columns to price: both, spot or on-demand. [default: both]"
-        ),
+        typer.Option("--pricing", help="Columns to price: both, spot or on-demand. Default: both."),
     ] = None,
     system_vm_size: Annotated[
         str | None,
         typer.Option(
-            "--system-vm-size", help="VM size of the System pool. [default: Standard_D4as_v5]"
+            "--system-vm-size", help="VM size of the System pool. Default: Standard_D4as_v5."
         ),
     ] = None,
     system_nodes: Annotated[
-        int | None, typer.Option("--system-nodes", help="Nodes in the System pool. [default: 2]")
+        int | None, typer.Option("--system-nodes", help="Nodes in the System pool. Default: 2.")
     ] = None,
     tier: Annotated[
         TierChoice | None,
         typer.Option(
-            "--tier", help="AKS control-plane tier: free, standard or premium. [default: free]"
+            "--tier", help="AKS control-plane tier: free, standard or premium. Default: free."
         ),
     ] = None,
     os_disk: Annotated[
@@ -199,7 +197,7 @@ def estimate(
         typer.Option(
             "--os-disk",
             help="Sandbox nodes' OS disk: auto (ephemeral where the size has a temp disk), "
-            "ephemeral or managed. [default: auto]",
+            "ephemeral or managed. Default: auto.",
         ),
     ] = None,
     max_pods: MaxPodsOpt = None,
@@ -210,15 +208,15 @@ def estimate(
         float | None,
         typer.Option(
             "--eviction-overhead",
-            help="Surcharge on spot sandbox nodes for restarts and lost work, in %. [default: 0]",
+            help="Surcharge on spot sandbox nodes for restarts and lost work, in %. Default: 0.",
         ),
     ] = None,
     public_ips: Annotated[
-        int | None, typer.Option("--public-ips", help="Public IPs of the cluster. [default: 1]")
+        int | None, typer.Option("--public-ips", help="Public IPs of the cluster. Default: 1.")
     ] = None,
     registry: Annotated[
         RegistryChoice | None,
-        typer.Option("--registry", help="ACR tier: basic, standard or premium. [default: basic]"),
+        typer.Option("--registry", help="ACR tier: basic, standard or premium. Default: basic."),
     ] = None,
     disk: Annotated[
         float | None,

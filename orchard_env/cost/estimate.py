@@ -573,6 +573,8 @@ def estimate_cost(
     """
     table = load_price_table()
     skus = [*(request.vm_sizes or table.default_candidates), request.system_vm_size]
+    for name in skus:
+        table.sku(name)  # unknown sizes fail before any request
     book = load_price_book(prices, request.region, skus, client=client, now=now)
     result = estimate(request, book)
     age = cache_age_days(result.prices, now)

@@ -271,6 +271,11 @@ def classify_vm_items(items: Iterable[Mapping[str, Any]]) -> Classified:
     return result
 
 
+def is_vm_size_name(name: str) -> bool:
+    """Whether ``name`` looks like an Azure VM size (``Standard_...``)."""
+    return bool(_SKU_RE.match(name))
+
+
 def vm_price_filter(region: str, sku: str) -> str:
     """The OData ``$filter`` for one SKU's consumption prices in one region."""
     if not _REGION_RE.match(region):
@@ -549,7 +554,8 @@ def load_price_book(
 ) -> PriceBook:
     """The price book for a run: shipped only, cache-if-any (auto), or freshly fetched (live).
 
-    ``live`` fetches ``skus`` in ``region`` and merges them into the cache file; ``auto``
+    ``live`` fetches ``skus`` (any Azure size name; a shape is only needed to pack sandboxes)
+    in ``region`` and merges them into the cache file; ``auto``
     reuses that cache when it exists. Fetch failures raise :class:`Unavailable` with a hint
     to use the shipped table.
     """
@@ -562,8 +568,6 @@ def load_price_book(
         if cached is None:
             return PriceBook(table)
         return PriceBook(table, cached, live_status="cached", cache_path=path)
-    for sku in skus:
-        table.sku(sku)  # unknown sizes fail before any request
     owned = client is None
     active = client or RetailPricesClient()
     try:

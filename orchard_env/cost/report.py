@@ -42,6 +42,7 @@ from orchard_env.cost.prices import (
     PriceSourceInfo,
     Priority,
     RetailPricesClient,
+    is_vm_size_name,
     load_price_book,
     load_price_table,
 )
@@ -228,7 +229,6 @@ def _node_price(book: PriceBook, node: ClusterNode, region: str) -> PriceQuote |
         return None
     priority: Priority = "spot" if node.priority == "spot" else "on_demand"
     try:
-        book.sku(node.vm_size)
         return book.vm_price(node.vm_size, node.region or region, priority)
     except ConfigError:
         return None
@@ -645,8 +645,8 @@ def build_cost_report(
     chosen_region = region or (node_regions[0] if node_regions else table.default_region)
     skus = [n.vm_size for n in nodes or [] if n.vm_size]
     skus += [vm_size] if vm_size else table.default_candidates
-    known = [sku for sku in dict.fromkeys(skus) if sku in table.skus]
-    book = load_price_book(prices, chosen_region, known, client=client, now=now)
+    names = [sku for sku in dict.fromkeys(skus) if is_vm_size_name(sku)]
+    book = load_price_book(prices, chosen_region, names, client=client, now=now)
     return cost_report(
         usage,
         book,

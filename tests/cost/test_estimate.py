@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from orchard_env.cost.estimate import Estimate, build_request, estimate
-from orchard_env.cost.prices import PriceBook, load_price_table
+from orchard_env.cost.estimate import Estimate, build_request, estimate, estimate_cost
+from orchard_env.cost.prices import PriceBook, RetailPricesClient, load_price_table
 from orchard_env.cost.profile import CostProfile
 from orchard_env.errors import ConfigError, InvalidRequest
 
@@ -207,3 +207,13 @@ def test_bad_options_name_their_flag(options: dict[str, Any], message: str) -> N
 def test_unknown_size_in_the_profile_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="unknown VM size 'Standard_Nope'"):
         run(CostProfile(sandbox_vm_size="Standard_Nope"))
+
+
+def test_estimate_cost_rejects_unknown_sizes_before_fetching() -> None:
+    class NoNetwork(RetailPricesClient):
+        def items(self, odata_filter: str) -> list[dict[str, Any]]:
+            raise AssertionError("no request expected")
+
+    request = build_request({**WORKLOAD, "vm_sizes": ["Standard_Nope"]})
+    with pytest.raises(ConfigError, match="unknown VM size 'Standard_Nope'"):
+        estimate_cost(request, prices="live", client=NoNetwork())

@@ -317,9 +317,10 @@ def test_live_fetch_for_another_region_is_written_to_its_own_file(tmp_path: Path
     assert write_cache(book.live, tmp_path) == cache_file("westus2", tmp_path)
 
 
-def test_live_mode_rejects_unknown_sizes_before_any_request(tmp_path: Path) -> None:
-    api = FakePricesApi({})
-    client = RetailPricesClient(transport=httpx.MockTransport(api))
-    with pytest.raises(ConfigError, match="unknown VM size 'Standard_Nope'"):
-        load_price_book("live", "eastus", ["Standard_Nope"], client=client, directory=tmp_path)
-    assert api.requests == []
+def test_live_prices_need_no_shape_for_sizes_outside_the_table(tmp_path: Path) -> None:
+    book = live_book(
+        tmp_path, {"Standard_D8ds_v4": [row(armSkuName="Standard_D8ds_v4", retailPrice=0.452)]}
+    )
+    assert book.vm_price("Standard_D8ds_v4", "eastus", "on_demand").usd_per_hour == 0.452
+    with pytest.raises(ConfigError, match="unknown VM size 'Standard_D8ds_v4'"):
+        book.sku("Standard_D8ds_v4")
