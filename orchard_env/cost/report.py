@@ -608,7 +608,8 @@ def cost_report(
         notes.append(f"no usage records between {usage.since} and {usage.until}")
     for quote in (usage_part.on_demand, usage_part.spot) if usage_part else ():
         if not quote.confirmed:
-            notes.append(f"{quote.sku} {quote.priority} price is {quote.status}: {quote.note}")
+            kind = quote.priority.replace("_", "-")
+            notes.append(f"{quote.sku} {kind} price is {quote.status}: {quote.note}")
     return CostReport(
         usage=usage_part,
         cluster=cluster,
