@@ -110,6 +110,11 @@ class SandboxClient:
         return self._core.prefix
 
     @property
+    def context(self) -> str | None:
+        """The config-file context the URL or key came from, if one was used."""
+        return self._core.context
+
+    @property
     def timeout(self) -> float:
         return self._core.timeout
 

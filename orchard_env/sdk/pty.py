@@ -132,6 +132,12 @@ class _Session:
         self.ready = False
         self.ended = False
 
+    @property
+    def finished(self) -> bool:
+        """The process exited (all its output came before the exit frame) or the session is
+        over: nothing more will be read."""
+        return self.ended or self.returncode is not None
+
     def feed(self, message: str | bytes) -> bytes | None:
         """Apply one server frame; return its output, if it carried any."""
         frame = json.loads(message)
@@ -221,7 +227,7 @@ class PtyProcess:
         self._reader.start()
         with self._cond:
             started = self._cond.wait_for(
-                lambda: self._session.ready or self._session.ended, timeout=open_timeout
+                lambda: self._session.ready or self._session.finished, timeout=open_timeout
             )
         if not started or not self._session.ready:
             self.close()
@@ -255,7 +261,7 @@ class PtyProcess:
         ``poll()`` tells which.
         """
         with self._cond:
-            self._cond.wait_for(lambda: self._chunks or self._session.ended, timeout=timeout)
+            self._cond.wait_for(lambda: self._chunks or self._session.finished, timeout=timeout)
             return self._take()
 
     def read_all(self, timeout: float | None = None) -> bytes:
@@ -265,7 +271,7 @@ class PtyProcess:
         with self._cond:
             while True:
                 parts.append(self._take())
-                if self._session.ended:
+                if self._session.finished:
                     return b"".join(parts)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -284,7 +290,7 @@ class PtyProcess:
     def wait(self, timeout: float | None = None) -> int:
         """Block until the process exits; return its exit code (negative = signal)."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._session.ended, timeout=timeout):
+            if not self._cond.wait_for(lambda: self._session.finished, timeout=timeout):
                 raise WaitTimeout(f"PTY process {self.pid} did not exit within {timeout}s")
         return self._session.exit_code()
 
@@ -296,7 +302,7 @@ class PtyProcess:
         """
         self._send(_CLOSE_FRAME, quiet=True)
         with self._cond:
-            self._cond.wait_for(lambda: self._session.ended, timeout=CLOSE_GRACE)
+            self._cond.wait_for(lambda: self._session.finished, timeout=CLOSE_GRACE)
         self._ws.close()
         if self._reader.is_alive() and self._reader is not threading.current_thread():
             self._reader.join(timeout=OPEN_TIMEOUT)
@@ -325,7 +331,7 @@ class PtyProcess:
     def _send(self, frame: str, *, quiet: bool = False) -> None:
         """Send a frame; once the session is over, raise (stdin) or do nothing (quiet)."""
         try:
-            if not self._session.ended:
+            if not self._session.finished:
                 with self._send_lock:
                     self._ws.send(frame)
                 return
@@ -399,7 +405,7 @@ class AsyncPtyProcess:
         session = process._session
         try:
             async with asyncio.timeout(open_timeout), process._cond:
-                await process._cond.wait_for(lambda: session.ready or session.ended)
+                await process._cond.wait_for(lambda: session.ready or session.finished)
         except TimeoutError:
             await process.close()
             raise WaitTimeout(
@@ -431,7 +437,7 @@ class AsyncPtyProcess:
         async with self._cond:
             try:
                 async with asyncio.timeout(timeout):
-                    await self._cond.wait_for(lambda: bool(self._chunks) or self._session.ended)
+                    await self._cond.wait_for(lambda: bool(self._chunks) or self._session.finished)
             except TimeoutError:
                 pass
             return self._take()
@@ -443,7 +449,7 @@ class AsyncPtyProcess:
                 async with asyncio.timeout(timeout):
                     while True:
                         parts.append(self._take())
-                        if self._session.ended:
+                        if self._session.finished:
                             return b"".join(parts)
                         await self._cond.wait()
             except TimeoutError:
@@ -462,7 +468,7 @@ class AsyncPtyProcess:
     async def wait(self, timeout: float | None = None) -> int:
         try:
             async with asyncio.timeout(timeout), self._cond:
-                await self._cond.wait_for(lambda: self._session.ended)
+                await self._cond.wait_for(lambda: self._session.finished)
         except TimeoutError:
             raise WaitTimeout(f"PTY process {self.pid} did not exit within {timeout}s") from None
         return self._session.exit_code()
@@ -472,7 +478,7 @@ class AsyncPtyProcess:
         await self._send(_CLOSE_FRAME, quiet=True)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(CLOSE_GRACE), self._cond:
-                await self._cond.wait_for(lambda: self._session.ended)
+                await self._cond.wait_for(lambda: self._session.finished)
         await self._ws.close()
         if asyncio.current_task() is not self._reader:
             await self._reader
@@ -500,7 +506,7 @@ class AsyncPtyProcess:
 
     async def _send(self, frame: str, *, quiet: bool = False) -> None:
         try:
-            if not self._session.ended:
+            if not self._session.finished:
                 await self._ws.send(frame)
                 return
         except ConnectionClosed:

@@ -41,6 +41,8 @@ def test_precedence(monkeypatch: pytest.MonkeyPatch, service: FakeService) -> No
     request = _seen_by(service)
     assert (request.url.host, request.headers["X-API-Key"]) == ("from-context", "ork_context")
 
+    with SandboxClient(transport=service.transport()) as client:
+        assert client.context == "lab"
     request = _seen_by(service, context="other")
     assert (request.url.host, request.headers["X-API-Key"]) == ("other-context", "ork_other")
 
