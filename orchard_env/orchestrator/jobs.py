@@ -21,8 +21,6 @@ from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-import httpx
-
 from orchard_env.agent.client import AgentClient, Exit, Output
 from orchard_env.config import ServiceSettings
 from orchard_env.errors import AgentUnavailable, Conflict, JobNotFound, OrchardError
@@ -57,6 +55,7 @@ class JobRun:
         self.received = dict.fromkeys(STREAMS, 0)  # bytes from the agent, per stream
         self.kept = dict.fromkeys(STREAMS, 0)  # bytes kept (the cap applies), per stream
         self.truncated = False
+        self.acknowledged = False  # the agent is known to have the job (it sent an event)
         self.done = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self._decoders = {
@@ -280,7 +279,11 @@ class JobService:
         return run
 
     async def resume(self) -> None:
-        """After a restart: re-attach to jobs left running, send those left queued."""
+        """After a restart: re-attach to jobs left running, send those left queued.
+
+        A job's row says ``running`` only once its agent answered, so ``queued`` covers "maybe
+        never sent": sending it again is safe, as the agent runs a job id at most once.
+        """
         for record in await self.store.unfinished_jobs():
             if record.job_id not in self._runs:
                 log.info(
@@ -297,15 +300,17 @@ class JobService:
                 if sandbox is None:
                     return
                 if not attach:
+                    # Running from now on for readers; the row says so only once the agent
+                    # has answered (see _consume), so a restart before that re-sends it.
                     run.record = run.record.model_copy(
                         update={"status": JobStatus.RUNNING, "started_at": self.clock()}
                     )
-                    await self.store.put_job(run.record)
+                run.acknowledged = attach
                 final = await self._drive(run, sandbox, attach)
             if final is not None:
                 await self._finish_from_exit(run, final)
         except asyncio.CancelledError:
-            raise  # shutdown: the row stays running and the next process re-attaches
+            raise  # shutdown: the row stays as it is and the next process picks it up
         except Exception as exc:
             log.exception("job failed in the orchestrator", extra={"job_id": job_id})
             await self._finalize(run, JobStatus.FAILED, error=f"orchestrator error: {exc}")
@@ -369,11 +374,13 @@ class JobService:
                 lost = RESTART_LOST if attach else "the agent no longer has this job"
                 await self._finalize(run, JobStatus.FAILED, error=lost)
                 return None
-            except (AgentUnavailable, OSError, httpx.TransportError) as exc:
+            except AgentUnavailable as exc:
                 error: Exception = exc
             except OrchardError as exc:  # the agent refused it (bad cwd, ...)
                 await self._finalize(run, JobStatus.FAILED, error=exc.message)
                 return None
+            except Exception as exc:  # a broken link, or the sandbox went away under it
+                error = exc
             else:
                 if final is not None:
                     return final
@@ -397,11 +404,14 @@ class JobService:
             await asyncio.sleep(0.5)
             sandbox = current
 
-    @staticmethod
     async def _consume(
-        run: JobRun, events: AsyncIterator[Output | Exit], skip: dict[str, int]
+        self, run: JobRun, events: AsyncIterator[Output | Exit], skip: dict[str, int]
     ) -> Exit | None:
         async for event in events:
+            if not run.acknowledged:
+                # The agent has the job: from now on a restart re-attaches, never re-sends.
+                run.acknowledged = True
+                await self.store.put_job(run.record)
             if isinstance(event, Exit):
                 return event
             run.add(event.stream, event.data, skip.get(event.stream, 0))

@@ -315,11 +315,14 @@ class SandboxService:
                     except Exception as exc:
                         last_error = str(exc) or type(exc).__name__
                     else:
+                        # An unschedulable reason is over; a note from adoption stays.
                         await self._transition(
                             sandbox_id,
                             (SandboxStatus.PENDING, SandboxStatus.UNSCHEDULABLE),
                             status=SandboxStatus.READY,
-                            status_message=None,
+                            status_message=record.status_message
+                            if record.status == SandboxStatus.PENDING
+                            else None,
                         )
                         return
                 if await self._check_container(record):
@@ -435,6 +438,10 @@ class SandboxService:
             if self._in_use[sandbox_id] <= 0:
                 del self._in_use[sandbox_id]
             await self.touch(sandbox_id, force=True)
+
+    def busy(self, sandbox_id: str) -> bool:
+        """A command or terminal runs in it right now."""
+        return sandbox_id in self._in_use
 
     # --- ending --------------------------------------------------------------------------------
 
@@ -586,7 +593,7 @@ class SandboxService:
             elif (
                 idle
                 and record.status == SandboxStatus.READY
-                and sandbox_id not in self._in_use
+                and not self.busy(sandbox_id)
                 and now >= record.last_activity_at + timedelta(seconds=idle)
             ):
                 await self.end(

@@ -1,0 +1,85 @@
+"""The SQLite store: schema versioning, durability, and its idempotent inserts."""
+
+from __future__ import annotations
+
+import sqlite3
+import stat
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from orchard_env.errors import ConfigError
+from orchard_env.orchestrator.records import JobRecord, SandboxRecord, UsageRow
+from orchard_env.orchestrator.store import SQLiteStore
+from orchard_env.protocol import ExecRequest, SandboxStatus
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def sandbox(sandbox_id: str, status: SandboxStatus = SandboxStatus.READY) -> SandboxRecord:
+    return SandboxRecord(
+        sandbox_id=sandbox_id,
+        image="debian:12",
+        cpu=1.0,
+        memory_bytes=1024**3,
+        status=status,
+        created_at=NOW,
+        ready_timeout_seconds=60,
+        last_activity_at=NOW,
+    )
+
+
+async def test_schema_is_versioned_and_the_file_private(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "orchard.db"
+    store = SQLiteStore(path)
+    await store.open()
+    await store.put_sandbox(sandbox("one"))
+    await store.close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    reopened = SQLiteStore(path)
+    await reopened.open()  # migrations already applied: no error, data kept
+    assert (await reopened.get_sandbox("one")) == sandbox("one")
+    await reopened.close()
+    with sqlite3.connect(path) as db:
+        versions = [row[0] for row in db.execute("SELECT version FROM schema_migrations")]
+        assert versions == [1]
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        db.execute("INSERT INTO schema_migrations VALUES (99, 'future')")
+    future = SQLiteStore(path)
+    with pytest.raises(ConfigError) as raised:
+        await future.open()
+    assert raised.value.message == (
+        f"the state database {path} has schema version 99, newer than this Orchard understands (1)"
+    )
+
+
+async def test_inserts_are_idempotent(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "orchard.db")
+    await store.open()
+    try:
+        assert await store.insert_sandbox(sandbox("dup"))
+        assert not await store.insert_sandbox(sandbox("dup"))
+        # A deleted record's id can be taken again, and its jobs go with it.
+        job = JobRecord(
+            job_id="j1",
+            sandbox_id="dup",
+            command="true",
+            request=ExecRequest(command="true"),
+            created_at=NOW,
+        )
+        assert await store.insert_job(job) == (job, True)
+        other = job.model_copy(update={"command": "false"})
+        assert await store.insert_job(other) == (job, False)
+        await store.put_sandbox(sandbox("dup", SandboxStatus.DELETED))
+        assert await store.insert_sandbox(sandbox("dup"))
+        assert await store.get_job("j1") is None
+
+        row = UsageRow(
+            sandbox_id="dup", owner=None, image="x", cpu=1, memory_bytes=1, started_at=NOW
+        )
+        await store.open_usage(row)
+        await store.open_usage(row)  # one open row per sandbox
+        assert len(await store.list_usage(NOW, datetime(2027, 1, 1, tzinfo=UTC))) == 1
+    finally:
+        await store.close()
