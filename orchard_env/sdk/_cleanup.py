@@ -13,10 +13,10 @@ import atexit
 import logging
 import signal
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
+from typing import TypeVar, cast
 
 import httpx
 
@@ -24,6 +24,8 @@ from orchard_env.sdk._base import CLEANUP_TIMEOUT, seg
 
 logger = logging.getLogger("orchard_env.sdk")
 
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _MAX_PARALLEL = 32
 
@@ -101,11 +103,45 @@ def cleanup_pending(timeout: float = CLEANUP_TIMEOUT) -> None:
             )
 
     try:
-        with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL, len(work))) as pool:
-            list(pool.map(delete, work))
+        in_parallel(delete, work)
     finally:
         for client in clients.values():
             client.close()
+
+
+def in_parallel(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """``[fn(item) for item in items]`` on up to 32 threads.
+
+    Plain threads, not a ThreadPoolExecutor: an executor refuses work once the interpreter
+    is shutting down, which is exactly when the exit handler runs.
+    """
+    results: dict[int, _R] = {}
+    failures: list[BaseException] = []
+    todo = iter(enumerate(items))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                index, item = next(todo, (-1, None))
+            if index < 0:
+                return
+            try:
+                results[index] = fn(cast(_T, item))
+            except BaseException as exc:  # re-raised in the caller's thread
+                failures.append(exc)
+
+    threads = [
+        threading.Thread(target=worker, name="orchard-cleanup", daemon=True)
+        for _ in range(min(_MAX_PARALLEL, len(items)))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+    return [results[i] for i in range(len(items))]
 
 
 def _install() -> None:

@@ -13,7 +13,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -42,7 +41,6 @@ from orchard_env.sdk.results import ExecResult, FileEntry, Health, PatchResult, 
 logger = logging.getLogger("orchard_env.sdk")
 
 _T = TypeVar("_T")
-_MAX_PARALLEL_DELETES = 16
 
 
 class SandboxClient:
@@ -193,10 +191,7 @@ class SandboxClient:
         raised (those sandboxes stay tracked for the next attempt).
         """
         ids = self._core.created()
-        if not ids:
-            return []
-        with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL_DELETES, len(ids))) as pool:
-            done = list(pool.map(lambda sid: self._run(flows.discard(self._core, sid)), ids))
+        done = _cleanup.in_parallel(lambda sid: self._run(flows.discard(self._core, sid)), ids)
         return [sid for sid, ok in zip(ids, done, strict=True) if ok]
 
     # --- jobs --------------------------------------------------------------------------------

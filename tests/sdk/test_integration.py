@@ -11,7 +11,11 @@ workdir (absolute paths would land on this host: there is no container).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -335,3 +339,41 @@ async def test_errors_from_the_real_service(asgi_app: tuple[httpx.ASGITransport,
     async with AsyncSandboxClient(base_url="http://orchard", transport=transport) as anonymous:
         with pytest.raises(errors.AuthenticationRequired):
             await anonymous.list_sandboxes()
+
+
+# --- cleanup when the process ends ---------------------------------------------------------
+
+_LEAVE_A_SANDBOX = """
+import asyncio, os, signal, sys
+from orchard_env import AsyncSandboxClient, SandboxClient
+
+how = sys.argv[1]
+if how == "async-exit":
+    async def main():
+        client = AsyncSandboxClient()  # never closed
+        sandbox = await client.create_sandbox("debian:12")
+        print(sandbox.sandbox_id, flush=True)
+    asyncio.run(main())
+    sys.exit(0)
+client = SandboxClient()  # never closed
+print(client.create_sandbox("debian:12").sandbox_id, flush=True)
+if how == "sigterm":
+    os.kill(os.getpid(), signal.SIGTERM)
+    signal.pause()
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "sigterm", "async-exit"])
+def test_sandboxes_left_behind_are_deleted_when_the_process_ends(live: Live, how: str) -> None:
+    env = {**os.environ, "ORCHARD_URL": live.url, "ORCHARD_API_KEY": live.api_key}
+    done = subprocess.run(
+        [sys.executable, "-c", _LEAVE_A_SANDBOX, how],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == (-signal.SIGTERM if how == "sigterm" else 0), done.stderr
+    sandbox_id = done.stdout.strip()
+    with SandboxClient(base_url=live.url, api_key=live.api_key) as client:
+        assert client.get_sandbox(sandbox_id).status == "deleted"
