@@ -18,8 +18,8 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 
 from orchard_env.agent.client import AgentClient, Exit, Output
 from orchard_env.config import ServiceSettings
@@ -33,7 +33,8 @@ from orchard_env.protocol import ExecEvent, ExecRequest, Job, JobStatus, Sandbox
 
 log = logging.getLogger(__name__)
 
-STREAMS = ("stdout", "stderr")
+Stream = Literal["stdout", "stderr"]
+STREAMS: tuple[Stream, Stream] = ("stdout", "stderr")
 MAX_RUNNING_JOBS = 1024
 """Commands in flight at once across all sandboxes; more wait in ``queued``."""
 RECONNECT_SECONDS = 30.0
@@ -50,8 +51,8 @@ class JobRun:
     def __init__(self, record: JobRecord, max_output_bytes: int) -> None:
         self.record = record
         self.max_output_bytes = max_output_bytes
-        self.parts: dict[str, list[str]] = {stream: [] for stream in STREAMS}
-        self.chunks: list[tuple[str, str]] = []  # (stream, text) in arrival order
+        self.parts: dict[Stream, list[str]] = {stream: [] for stream in STREAMS}
+        self.chunks: list[tuple[Stream, str]] = []  # (stream, text) in arrival order
         self.received = dict.fromkeys(STREAMS, 0)  # bytes from the agent, per stream
         self.kept = dict.fromkeys(STREAMS, 0)  # bytes kept (the cap applies), per stream
         self.truncated = False
@@ -67,7 +68,7 @@ class JobRun:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def add(self, stream: str, data: bytes, skip: int = 0) -> None:
+    def add(self, stream: Stream, data: bytes, skip: int = 0) -> None:
         """Append output; the first ``skip`` bytes of a replay were seen before."""
         start = max(skip - self.received[stream], 0)
         self.received[stream] += len(data)
@@ -105,7 +106,7 @@ class JobRun:
         self.done.set()
         self._wake()
 
-    async def follow(self) -> AsyncIterator[tuple[str, str]]:
+    async def follow(self) -> AsyncIterator[tuple[Stream, str]]:
         """Every output chunk from the start, then live ones until the job is done."""
         index = 0
         while True:
@@ -135,7 +136,7 @@ class JobService:
         self.agents = agents
         self.clock = clock
         self._runs: dict[str, JobRun] = {}
-        self._slots = asyncio.Semaphore(max_running)
+        self.slots = asyncio.Semaphore(max_running)  # commands in flight; the rest queue
 
     # --- lookups ---------------------------------------------------------------------------
 
@@ -215,14 +216,14 @@ class JobService:
         run = self._runs.get(job_id)
         if run is not None:
             async for stream, text in run.follow():
-                yield ExecEvent(event=stream, job_id=job_id, data=text)  # type: ignore[arg-type]
+                yield ExecEvent(event=stream, job_id=job_id, data=text)
             final = run.record
         else:
             final = await self._wait_record(job_id, caller, None)
             for stream in STREAMS:
                 text = getattr(final, stream)
                 if text:
-                    yield ExecEvent(event=stream, job_id=job_id, data=text)  # type: ignore[arg-type]
+                    yield ExecEvent(event=stream, job_id=job_id, data=text)
         yield ExecEvent(event="exit", job_id=job_id, job=final.to_job())
 
     # --- waiting and cancelling -----------------------------------------------------------
@@ -250,19 +251,19 @@ class JobService:
         return (await self._wait_record(job_id, caller, seconds)).to_job()
 
     async def cancel(self, job_id: str, caller: Caller) -> Job:
+        """Kill a running command's process tree (status ``cancelled``); a finished job is
+        returned as it is."""
         record = await self._record(job_id, caller)
-        if record.status.done:
-            return record.to_job()
         run = self._runs.get(job_id)
-        if run is None or record.status == JobStatus.QUEUED:
-            # Never sent to the agent (or no longer tracked here): nothing runs to kill.
-            if run is not None and run.task is not None:
-                run.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await run.task
-            final = await self._finalize(
-                run or JobRun(record, 0), JobStatus.CANCELLED, error="cancelled before it started"
-            )
+        if record.status.done or run is None:
+            return record.to_job()
+        if record.status == JobStatus.QUEUED and run.task is not None:
+            # Not sent to the agent yet (waiting for a slot or for the sandbox): just stop it.
+            run.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run.task
+            self._runs.pop(job_id, None)
+            final = await self._finalize(run, JobStatus.CANCELLED, error="cancelled before it ran")
             return final.to_job()
         sandbox = await self.store.get_sandbox(record.sandbox_id)
         if sandbox is not None and sandbox.status == SandboxStatus.READY:
@@ -295,7 +296,7 @@ class JobService:
     async def _run(self, run: JobRun, attach: bool) -> None:
         job_id = run.record.job_id
         try:
-            async with self._slots, self.sandboxes.in_use(run.record.sandbox_id):
+            async with self.slots, self.sandboxes.in_use(run.record.sandbox_id):
                 sandbox = await self._sandbox_for(run)
                 if sandbox is None:
                     return
@@ -405,7 +406,7 @@ class JobService:
             sandbox = current
 
     async def _consume(
-        self, run: JobRun, events: AsyncIterator[Output | Exit], skip: dict[str, int]
+        self, run: JobRun, events: AsyncIterator[Output | Exit], skip: dict[Stream, int]
     ) -> Exit | None:
         async for event in events:
             if not run.acknowledged:
@@ -465,11 +466,6 @@ class JobService:
             extra={"job_id": record.job_id, "status": status.value, "exit_code": record.exit_code},
         )
         return record
-
-    async def purge(self, now: datetime) -> int:
-        return await self.store.purge_jobs(
-            now - timedelta(seconds=self.settings.job_retention_seconds)
-        )
 
     async def close(self) -> None:
         """Stop following jobs (they keep running in their agents; a restart re-attaches)."""

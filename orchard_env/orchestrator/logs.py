@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from contextvars import ContextVar
 from datetime import UTC, datetime
 
 request_id_var: ContextVar[str | None] = ContextVar("orchard_request_id", default=None)
 
 _STANDARD_ATTRS = frozenset(
-    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "asctime"}
+    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()
+    | {"message", "asctime", "color_message"}
 )
+# A key can reach a log line through a URL (the PTY route accepts ?api_key=, and uvicorn logs
+# WebSocket paths with their query): mask anything shaped like one.
+_SECRETS = re.compile(r"(api_key[=.:]\s*|ork_[0-9a-f]{10}_)[^\s&\"',;]+")
+
+
+def redact(text: str) -> str:
+    return _SECRETS.sub(r"\1***", text)
 
 
 class JsonFormatter(logging.Formatter):
@@ -24,16 +33,16 @@ class JsonFormatter(logging.Formatter):
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": redact(record.getMessage()),
         }
         request_id = request_id_var.get()
         if request_id is not None:
             line["request_id"] = request_id
         for key, value in vars(record).items():
             if key not in _STANDARD_ATTRS and not key.startswith("_"):
-                line[key] = value
+                line[key] = redact(value) if isinstance(value, str) else value
         if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
+            line["exc"] = redact(self.formatException(record.exc_info))
         return json.dumps(line, default=str)
 
 

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from orchard_env.config import ServiceSettings
-from orchard_env.orchestrator.jobs import JobService
 from orchard_env.orchestrator.sandboxes import SandboxService
 from orchard_env.orchestrator.store import Store
 
@@ -21,13 +20,11 @@ class Reaper:
         settings: ServiceSettings,
         store: Store,
         sandboxes: SandboxService,
-        jobs: JobService,
         clock: Callable[[], datetime],
     ) -> None:
         self.settings = settings
         self.store = store
         self.sandboxes = sandboxes
-        self.jobs = jobs
         self.clock = clock
 
     async def run_pass(self, now: datetime | None = None) -> None:
@@ -35,9 +32,9 @@ class Reaper:
         now = now or self.clock()
         await self.sandboxes.reconcile()
         await self.sandboxes.expire(now)
-        retention = timedelta(seconds=self.settings.job_retention_seconds)
-        purged_jobs = await self.jobs.purge(now)
-        purged_sandboxes = await self.store.purge_sandboxes(now - retention)
+        cutoff = now - timedelta(seconds=self.settings.job_retention_seconds)
+        purged_jobs = await self.store.purge_jobs(cutoff)
+        purged_sandboxes = await self.store.purge_sandboxes(cutoff)
         if purged_jobs or purged_sandboxes:
             log.info(
                 "purged old records",

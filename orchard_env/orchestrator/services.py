@@ -47,7 +47,7 @@ class Orchard:
             sandboxes=sandboxes,
             jobs=jobs,
             files=FileService(sandboxes, agents),
-            reaper=Reaper(settings, store, sandboxes, jobs, clock),
+            reaper=Reaper(settings, store, sandboxes, clock),
             clock=clock,
         )
 

@@ -207,3 +207,20 @@ async def test_exec_on_a_pending_sandbox_is_409(service: Service) -> None:
         "message": "sandbox waiting is not ready yet (status pending)",
         "hint": "wait for it: GET /sandboxes/waiting/wait",
     }
+
+
+async def test_queued_jobs_wait_for_a_slot_and_cancel_without_running(service: Service) -> None:
+    service.orchard.jobs.slots = asyncio.Semaphore(1)
+    sandbox_id = (await service.create())["sandbox_id"]
+    url = f"/sandboxes/{sandbox_id}/exec"
+    first = (await service.http.post(url, json={"command": UNTIL_GO})).json()
+    second = (await service.http.post(url, json={"command": "touch ran", "job_id": "later"})).json()
+    assert second["status"] == "queued"
+    cancelled = (await service.http.post("/jobs/later/cancel")).json()
+    assert cancelled["status"] == "cancelled"
+    assert cancelled["error"] == "cancelled before it ran"
+    await release(service, sandbox_id)
+    done = (await service.http.get(f"/jobs/{first['job_id']}/wait", params={"timeout": 10})).json()
+    assert done["status"] == "succeeded"
+    listing = (await service.http.get(f"/sandboxes/{sandbox_id}/files/list")).json()
+    assert "ran" not in [entry["name"] for entry in listing]

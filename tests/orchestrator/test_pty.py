@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, cast
@@ -15,6 +16,7 @@ from websockets.asyncio.client import ClientConnection, unix_connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
+from orchard_env.orchestrator.logs import JsonFormatter
 from tests.orchestrator.conftest import Service, eventually
 
 Connect = Callable[..., Any]
@@ -88,7 +90,10 @@ async def test_interactive_session_with_subprotocol_auth(
     assert frames[-1] == {"type": "exit", "code": -9}
 
 
-async def test_query_parameter_key(service: Service, ws_connect: Connect) -> None:
+async def test_query_parameter_key_is_accepted_and_never_logged(
+    service: Service, ws_connect: Connect, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
     sandbox_id = (await service.create())["sandbox_id"]
     assert service.admin is not None
     path = f"/sandboxes/{sandbox_id}/exec/pty?api_key={service.admin.api_key}"
@@ -96,6 +101,10 @@ async def test_query_parameter_key(service: Service, ws_connect: Connect) -> Non
         await ws.send(json.dumps({"type": "init", "cmd": ["true"]}))
         frames = await frames_until_close(ws)
     assert frames[-1] == {"type": "exit", "code": 0}
+    formatter = JsonFormatter()
+    lines = [formatter.format(record) for record in caplog.records]
+    assert any("api_key=***" in line for line in lines)  # uvicorn logs the WebSocket path
+    assert not any(service.admin.api_key in line for line in lines)
 
 
 @pytest.mark.parametrize(
