@@ -70,6 +70,18 @@ def new_sandbox_id() -> str:
     return "sb-" + secrets.token_hex(6)
 
 
+def _usage_row(record: SandboxRecord, started_at: datetime) -> UsageRow:
+    return UsageRow(
+        sandbox_id=record.sandbox_id,
+        owner=record.owner,
+        image=record.image,
+        cpu=record.cpu,
+        memory_bytes=record.memory_bytes,
+        labels=record.labels,
+        started_at=started_at,
+    )
+
+
 def dead_reason(found: BackendSandbox) -> str:
     details = []
     if found.exit_code is not None:
@@ -226,6 +238,7 @@ class SandboxService:
         try:
             if not await self.store.insert_sandbox(record):
                 raise self._exists(sandbox_id)
+            await self.store.open_usage(_usage_row(record, record.created_at))
             found = await self._create_container(record)
             record = await self._started(record, found)
         finally:
@@ -261,7 +274,7 @@ class SandboxService:
         try:
             return await self.backend.create(spec)
         except Exception as exc:
-            # The sandbox never came to be: forget the record, so the id can be used again.
+            # The sandbox never came to be: forget its record and usage; the id is free again.
             await self.store.remove_sandbox(record.sandbox_id)
             self._notify(record.sandbox_id)
             if not isinstance(exc, SandboxExists):  # an existing container is not ours to remove
@@ -270,24 +283,15 @@ class SandboxService:
             raise
 
     async def _started(self, record: SandboxRecord, found: BackendSandbox) -> SandboxRecord:
-        await self.store.open_usage(
-            UsageRow(
-                sandbox_id=record.sandbox_id,
-                owner=record.owner,
-                image=record.image,
-                cpu=record.cpu,
-                memory_bytes=record.memory_bytes,
-                labels=record.labels,
-                started_at=record.created_at,
-            )
-        )
         updated = await self._transition(record.sandbox_id, LIVE_STATUSES, agent=found.agent)
-        if updated is None:  # deleted while the container was being created
+        if updated is None:
+            # Deleted while the engine was creating it: that delete may have come too early.
+            with contextlib.suppress(Exception):
+                await self.backend.delete(record.sandbox_id)
             return await self.store.get_sandbox(record.sandbox_id) or record
         if found.state in _DEAD_STATES:
-            return await self.end(record.sandbox_id, SandboxStatus.FAILED, dead_reason(found)) or (
-                updated
-            )
+            ended = await self.end(record.sandbox_id, SandboxStatus.FAILED, dead_reason(found))
+            return ended or updated
         self._start_readiness(record.sandbox_id, record.ready_timeout_seconds)
         return updated
 
@@ -564,17 +568,7 @@ class SandboxService:
         if not await self.store.insert_sandbox(record):
             return
         log.info("adopted an unrecorded sandbox", extra={"sandbox_id": record.sandbox_id})
-        await self.store.open_usage(
-            UsageRow(
-                sandbox_id=record.sandbox_id,
-                owner=record.owner,
-                image=record.image,
-                cpu=record.cpu,
-                memory_bytes=record.memory_bytes,
-                labels=record.labels,
-                started_at=found.created_at,
-            )
-        )
+        await self.store.open_usage(_usage_row(record, found.created_at))
         await self._sync(record, found)
 
     async def expire(self, now: datetime) -> None:

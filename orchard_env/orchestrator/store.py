@@ -54,7 +54,7 @@ class Store(Protocol):
         ...
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
-        """Forget a record and its jobs (a create that never happened, or a purge)."""
+        """Forget a sandbox that never came to be: its record, jobs and open usage row."""
         ...
 
     async def purge_sandboxes(self, ended_before: datetime) -> int: ...
@@ -428,6 +428,7 @@ class SQLiteStore:
         with self._tx() as tx:
             tx.execute("DELETE FROM jobs WHERE sandbox_id = ?", (sandbox_id,))
             tx.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
+            tx.execute("DELETE FROM usage WHERE sandbox_id = ? AND ended_at IS NULL", (sandbox_id,))
 
     async def purge_sandboxes(self, ended_before: datetime) -> int:
         return await self._call(self._purge_sandboxes, ended_before)

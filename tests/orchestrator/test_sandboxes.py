@@ -134,8 +134,11 @@ async def test_unknown_image_is_422_fast_and_leaves_nothing(
         "repository does not exist or may require authorization",
     }
     assert (await service.http.get("/sandboxes/pull-me")).status_code == 404
+    assert (await service.http.get("/usage")).json()["records"] == []
     # The id is free again.
     await service.create(sandbox_id="pull-me")
+    usage = (await service.http.get("/usage")).json()["records"]
+    assert [(r["sandbox_id"], r["ended_at"]) for r in usage] == [("pull-me", None)]
 
 
 async def test_unknown_ids_are_404_including_delete(service: Service) -> None:
