@@ -45,6 +45,23 @@ CANCEL_WAIT_SECONDS = 10.0
 RESTART_LOST = "orchestrator restarted and the agent no longer has this job"
 
 
+async def skip_seen(
+    events: AsyncIterator[Output | Exit], seen: dict[Stream, int]
+) -> AsyncIterator[Output | Exit]:
+    """A job stream the agent replays from the start, without the first ``seen`` bytes of
+    each output stream (delivered before the link broke)."""
+    offsets = dict.fromkeys(STREAMS, 0)
+    async for event in events:
+        if isinstance(event, Output):
+            start = seen[event.stream] - offsets[event.stream]
+            offsets[event.stream] += len(event.data)
+            if start >= len(event.data):
+                continue
+            if start > 0:
+                event = Output(event.stream, event.data[start:])
+        yield event
+
+
 class JobRun:
     """The live state of one job in this process."""
 
@@ -68,11 +85,9 @@ class JobRun:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def add(self, stream: Stream, data: bytes, skip: int = 0) -> None:
-        """Append output; the first ``skip`` bytes of a replay were seen before."""
-        start = max(skip - self.received[stream], 0)
+    def add(self, stream: Stream, data: bytes) -> None:
+        """Append output from the agent (the cap applies; text is decoded incrementally)."""
         self.received[stream] += len(data)
-        data = data[start:]
         room = self.max_output_bytes - self.kept[stream]
         if len(data) > room:
             self.truncated = True
@@ -154,8 +169,9 @@ class JobService:
         await self.sandboxes.get_record(sandbox_id, caller)
         jobs = []
         for record in await self.store.list_jobs(sandbox_id):
-            run = self._runs.get(record.job_id)
-            jobs.append((run.snapshot() if run is not None else record).to_job())
+            if caller.can_see(record.owner):  # the same jobs GET /jobs/{id} shows it
+                run = self._runs.get(record.job_id)
+                jobs.append((run.snapshot() if run is not None else record).to_job())
         return jobs
 
     # --- submit ----------------------------------------------------------------------------
@@ -370,7 +386,7 @@ class JobService:
         while True:
             events = self._open(self.agents.client(sandbox), run, attach=attach)
             try:
-                final = await self._consume(run, events, dict(run.received))
+                final = await self._consume(run, skip_seen(events, dict(run.received)))
             except JobNotFound:
                 lost = RESTART_LOST if attach else "the agent no longer has this job"
                 await self._finalize(run, JobStatus.FAILED, error=lost)
@@ -405,9 +421,7 @@ class JobService:
             await asyncio.sleep(0.5)
             sandbox = current
 
-    async def _consume(
-        self, run: JobRun, events: AsyncIterator[Output | Exit], skip: dict[Stream, int]
-    ) -> Exit | None:
+    async def _consume(self, run: JobRun, events: AsyncIterator[Output | Exit]) -> Exit | None:
         async for event in events:
             if not run.acknowledged:
                 # The agent has the job: from now on a restart re-attaches, never re-sends.
@@ -415,7 +429,7 @@ class JobService:
                 await self.store.put_job(run.record)
             if isinstance(event, Exit):
                 return event
-            run.add(event.stream, event.data, skip.get(event.stream, 0))
+            run.add(event.stream, event.data)
         return None
 
     async def _finish_from_exit(self, run: JobRun, final: Exit) -> None:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
+from orchard_env.agent.client import Exit, Output
+from orchard_env.orchestrator.jobs import Stream, skip_seen
 from tests.orchestrator.conftest import Service, StartService, eventually
 from tests.orchestrator.test_sandboxes import detail
 
@@ -224,3 +227,27 @@ async def test_queued_jobs_wait_for_a_slot_and_cancel_without_running(service: S
     assert done["status"] == "succeeded"
     listing = (await service.http.get(f"/sandboxes/{sandbox_id}/files/list")).json()
     assert "ran" not in [entry["name"] for entry in listing]
+
+
+async def test_a_replayed_stream_skips_what_was_delivered() -> None:
+    replayed: list[Output | Exit] = [
+        Output("stdout", b"abc"),
+        Output("stderr", b"E1"),
+        Output("stdout", b"def"),
+        Output("stderr", b"E2"),
+        Output("stdout", b"gh"),
+        Exit(0, None, False, False, False, None, 0.1),
+    ]
+
+    async def replay() -> AsyncIterator[Output | Exit]:
+        for event in replayed:
+            yield event
+
+    seen: dict[Stream, int] = {"stdout": 4, "stderr": 2}  # "abcd" and "E1" came before the break
+    events = [event async for event in skip_seen(replay(), seen)]
+    assert events == [
+        Output("stdout", b"ef"),
+        Output("stderr", b"E2"),
+        Output("stdout", b"gh"),
+        replayed[-1],
+    ]
