@@ -42,7 +42,10 @@ async def test_raw_round_trip_is_binary_safe(service: Service) -> None:
         f"/sandboxes/{sandbox_id}/files/raw", params={"path": "x", "mode": "9"}, content=b""
     )
     assert bad_mode.status_code == 400
-    assert detail(bad_mode)["code"] == "invalid_request"
+    assert detail(bad_mode) == {
+        "code": "invalid_request",
+        "message": "mode '9' is not an octal file mode like 0644",
+    }
 
 
 async def test_base64_round_trip_is_binary_safe(service: Service) -> None:

@@ -97,7 +97,7 @@ async def upload_raw(
     request: Request,
     orchard: OrchardDep,
     caller: CallerDep,
-    mode: Annotated[str | None, Query(pattern=r"^[0-7]{1,4}$")] = None,
+    mode: Annotated[str | None, Query(description="octal, e.g. 0644")] = None,
 ) -> FileUploadResult:
     return await orchard.files.upload_raw(
         sandbox_id, path, request.stream(), parse_mode(mode), caller
