@@ -164,3 +164,14 @@ async def test_an_open_terminal_keeps_the_sandbox_busy(
         return not sandboxes.busy(sandbox_id)
 
     await eventually(idle)
+
+
+async def test_agent_close_codes_reach_the_client(service: Service, ws_connect: Connect) -> None:
+    sandbox_id = (await service.create())["sandbox_id"]
+    assert service.admin is not None
+    headers = {"X-API-Key": service.admin.api_key}
+    async with ws_connect(f"/sandboxes/{sandbox_id}/exec/pty", additional_headers=headers) as ws:
+        await ws.send(json.dumps({"type": "init", "cmd": ["no-such-program"]}))
+        frames = await frames_until_close(ws)
+        assert ws.close_code == 4500
+    assert frames == [{"type": "error", "message": "command not found: no-such-program"}]
