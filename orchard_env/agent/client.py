@@ -70,6 +70,12 @@ class AgentPty:
     def __init__(self, ws: ClientConnection) -> None:
         self._ws = ws
 
+    async def __aenter__(self) -> AgentPty:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
     async def send(self, message: dict[str, Any]) -> None:
         """Send one frame (``init`` first, then ``stdin``/``signal``/``resize``/``close``)."""
         try:
@@ -235,17 +241,20 @@ class AgentClient:
         delivered = {"stdout": 0, "stderr": 0}
         timeout = httpx.Timeout(self._timeout, read=read_timeout)
         for delay in (*RESUME_DELAYS, None):
+            final: Exit | None = None
             try:
                 async with self._http.stream(method, url, json=payload, timeout=timeout) as resp:
                     if resp.status_code != 200:
                         self._raise_error(resp.status_code, await resp.aread())
                     seen = {"stdout": 0, "stderr": 0}
+                    # Read to the end of the response (the exit event is last): only a fully
+                    # read response leaves its connection reusable for the next call.
                     async for line in resp.aiter_lines():
                         if not line:
                             continue
                         event = json.loads(line)
                         if event["t"] == "x":
-                            yield Exit(
+                            final = Exit(
                                 exit_code=event["exit_code"],
                                 signal=event["signal"],
                                 timed_out=event["timed_out"],
@@ -254,7 +263,7 @@ class AgentClient:
                                 error=event["error"],
                                 duration=event["duration"],
                             )
-                            return
+                            continue
                         stream = _STREAMS[event["t"]]
                         data = base64.b64decode(event["d"])
                         # After a re-attach the agent replays from the start: skip what the
@@ -265,11 +274,16 @@ class AgentClient:
                             data = data[max(skip, 0) :]
                             delivered[stream] += len(data)
                             yield Output(stream, data)
-                raise httpx.RemoteProtocolError("the job stream ended before its exit event")
+                if final is None:
+                    raise httpx.RemoteProtocolError("the job stream ended before its exit event")
             except httpx.TransportError as exc:
-                if delay is None:
-                    raise self._unavailable(exc) from exc
-            await asyncio.sleep(delay)
+                if final is None:
+                    if delay is None:
+                        raise self._unavailable(exc) from exc
+                    await asyncio.sleep(delay)
+                    continue
+            yield final
+            return
 
     # files
 

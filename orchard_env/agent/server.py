@@ -107,8 +107,8 @@ def os_error(exc: OSError, path: str, action: str) -> HTTPError:
     if isinstance(exc, PermissionError):
         return invalid(f"permission denied {action} {path}")
     if isinstance(exc, NotADirectoryError):
-        return invalid(f"cannot {action} {path}: a parent is not a directory")
-    return invalid(f"cannot {action} {path}: {exc.strerror or exc}")
+        return invalid(f"{action} {path} failed: a parent is not a directory")
+    return invalid(f"{action} {path} failed: {exc.strerror or exc}")
 
 
 def iso_utc(ns: int) -> str:

@@ -77,6 +77,52 @@ def process_gone(pid: int) -> bool:
         return True
 
 
+class UnixProxy:
+    """A unix-socket proxy in front of the agent that counts client connections and can cut
+    the first one as soon as it carries output (to test re-attaching)."""
+
+    def __init__(self, target: str, path: str, *, cut_first_stream: bool = False) -> None:
+        self.target = target
+        self.path = path
+        self.cut_first_stream = cut_first_stream
+        self.cut = False
+        self.connections: list[asyncio.Future[tuple[None, None]]] = []
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> UnixProxy:
+        self._server = await asyncio.start_unix_server(self._handle, self.path)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await asyncio.wait_for(asyncio.gather(*self.connections), 10)
+        await self._server.wait_closed()
+
+    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        agent_r, agent_w = await asyncio.open_unix_connection(self.target)
+        both = asyncio.gather(
+            self._pipe(client_r, agent_w, False), self._pipe(agent_r, client_w, True)
+        )
+        self.connections.append(both)
+        await both
+
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, from_agent: bool
+    ) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+                if from_agent and self.cut_first_stream and not self.cut and b'"t":"o"' in data:
+                    self.cut = True
+                    raise ConnectionResetError
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+
 def start_agent(
     argv: list[str], listen: str, env: dict[str, str], workdir: Path
 ) -> subprocess.Popen[bytes]:

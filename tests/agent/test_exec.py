@@ -19,6 +19,7 @@ from tests.agent.conftest import (
     SERVER,
     TOKEN,
     RunningAgent,
+    UnixProxy,
     collect,
     poll_until,
     process_gone,
@@ -199,41 +200,33 @@ async def test_a_dropped_stream_is_resumed_without_rerunning(
 ) -> None:
     """A proxy cuts the first connection mid-stream: the client re-attaches by job_id, skips
     what it already delivered, and the command still ran once."""
-    proxy_path = str(short_dir / "proxy.sock")
-    cut = asyncio.Event()
-
-    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, watch: bool) -> None:
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-                if watch and b'"t":"o"' in data and not cut.is_set():
-                    cut.set()
-                    raise ConnectionResetError
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
-
-    connections: list[asyncio.Future[tuple[None, None]]] = []
-
-    async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        agent_r, agent_w = await asyncio.open_unix_connection(agent_server.socket)
-        both = asyncio.gather(pipe(client_r, agent_w, False), pipe(agent_r, client_w, True))
-        connections.append(both)
-        await both
-
-    server = await asyncio.start_unix_server(handle, proxy_path)
     command = "echo run >> runs.txt; echo first; sleep 0.3; echo second"
-    async with server:
-        async with AgentClient(token=agent_server.token, uds=proxy_path) as client:
-            result = await collect(client.exec("resumed", command))
-        await asyncio.wait_for(asyncio.gather(*connections), 10)
-    assert cut.is_set()
-    assert len(connections) == 2
+    path = str(short_dir / "proxy.sock")
+    async with (
+        UnixProxy(agent_server.socket, path, cut_first_stream=True) as proxy,
+        AgentClient(token=agent_server.token, uds=path) as client,
+    ):
+        result = await collect(client.exec("resumed", command))
+    assert proxy.cut
+    assert len(proxy.connections) == 2
     assert result.stdout == b"first\nsecond\n"
     assert result.exit.exit_code == 0
     assert (agent_server.workdir / "runs.txt").read_text() == "run\n"
+
+
+async def test_calls_reuse_one_connection(agent_server: RunningAgent, short_dir: Path) -> None:
+    path = str(short_dir / "proxy.sock")
+    async with (
+        UnixProxy(agent_server.socket, path) as proxy,
+        AgentClient(token=agent_server.token, uds=path) as client,
+    ):
+        for i in range(10):
+            assert (await collect(client.exec(f"j{i}", "echo x"))).stdout == b"x\n"
+        await client.write_file("f", b"data")
+        assert b"".join([c async for c in client.read_file("f")]) == b"data"
+        await client.list_dir(".")
+        await collect(client.exec("j0", "echo x"))  # attached, replayed
+    assert len(proxy.connections) == 1
 
 
 async def test_auth_is_required_except_for_health(agent_server: RunningAgent) -> None:
@@ -290,7 +283,7 @@ async def test_agent_over_tcp(tcp_port: int) -> None:
         await client.wait_ready(15)
         result = await collect(client.exec("j1", "echo tcp"))
         assert result.stdout == b"tcp\n"
-        pty = await client.open_pty()
-        await pty.send({"type": "init", "cmd": ["sh", "-c", "exit 5"]})
-        assert (await pty.recv() or {}).get("type") == "ready"
-        assert await pty.recv() == {"type": "exit", "code": 5}
+        async with await client.open_pty() as pty:
+            await pty.send({"type": "init", "cmd": ["sh", "-c", "exit 5"]})
+            assert (await pty.recv() or {}).get("type") == "ready"
+            assert await pty.recv() == {"type": "exit", "code": 5}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from orchard_env.agent.client import AgentClient, AgentPty
@@ -24,12 +26,14 @@ async def until_exit(pty: AgentPty, limit: float = 15) -> tuple[bytes, dict[str,
     raise AssertionError(f"closed without an exit frame; output {output!r}")
 
 
-async def start(agent: AgentClient, **init: Any) -> AgentPty:
-    pty = await agent.open_pty()
-    await pty.send({"type": "init", **init})
-    ready = await pty.recv()
-    assert ready is not None and ready["type"] == "ready" and ready["pid"] > 0
-    return pty
+@asynccontextmanager
+async def session(agent: AgentClient, **init: Any) -> AsyncIterator[AgentPty]:
+    """A started PTY session (init sent, ready received), closed on exit."""
+    async with await agent.open_pty() as pty:
+        await pty.send({"type": "init", **init})
+        ready = await pty.recv()
+        assert ready is not None and ready["type"] == "ready" and ready["pid"] > 0
+        yield pty
 
 
 async def read_until(pty: AgentPty, marker: bytes) -> bytes:
@@ -43,82 +47,87 @@ async def read_until(pty: AgentPty, marker: bytes) -> bytes:
 
 
 async def test_command_has_a_terminal(agent: AgentClient) -> None:
-    pty = await start(agent, cmd=["sh", "-c", "tty -s && echo $TERM && exit 7"])
-    output, exit_frame = await until_exit(pty)
-    assert exit_frame == {"type": "exit", "code": 7}
-    assert b"xterm-256color" in output
-    assert await pty.recv() is None
-    assert pty.close_code == 1000
+    async with session(agent, cmd=["sh", "-c", "tty -s && echo $TERM && exit 7"]) as pty:
+        output, exit_frame = await until_exit(pty)
+        assert exit_frame == {"type": "exit", "code": 7}
+        assert b"xterm-256color" in output
+        assert await pty.recv() is None
+        assert pty.close_code == 1000
 
 
 async def test_stdin_is_echoed_by_cat(agent: AgentClient) -> None:
-    pty = await start(agent, cmd=["cat"])
-    await pty.send({"type": "stdin", "data": base64.b64encode(b"hello pty\n").decode()})
-    output = await read_until(pty, b"hello pty\r\nhello pty\r\n")  # tty echo, then cat
-    assert output.count(b"hello pty") == 2
-    await pty.send({"type": "stdin", "data": base64.b64encode(b"\x04").decode()})  # EOF
-    _, exit_frame = await until_exit(pty)
-    assert exit_frame["code"] == 0
+    async with session(agent, cmd=["cat"]) as pty:
+        await pty.send({"type": "stdin", "data": base64.b64encode(b"hello pty\n").decode()})
+        output = await read_until(pty, b"hello pty\r\nhello pty\r\n")  # tty echo, then cat
+        assert output.count(b"hello pty") == 2
+        await pty.send({"type": "stdin", "data": base64.b64encode(b"\x04").decode()})  # EOF
+        _, exit_frame = await until_exit(pty)
+        assert exit_frame["code"] == 0
 
 
 async def test_resize_is_seen_by_stty(agent: AgentClient) -> None:
-    pty = await start(agent, cmd=["sh", "-c", "stty size; read x; stty size"], rows=24, cols=80)
-    assert b"24 80" in await read_until(pty, b"24 80")
-    await pty.send({"type": "resize", "rows": 50, "cols": 200})
-    await pty.send({"type": "stdin", "data": base64.b64encode(b"\n").decode()})
-    output, exit_frame = await until_exit(pty)
-    assert b"50 200" in output
-    assert exit_frame["code"] == 0
+    async with session(
+        agent, cmd=["sh", "-c", "stty size; read x; stty size"], rows=24, cols=80
+    ) as pty:
+        assert b"24 80" in await read_until(pty, b"24 80")
+        await pty.send({"type": "resize", "rows": 50, "cols": 200})
+        await pty.send({"type": "stdin", "data": base64.b64encode(b"\n").decode()})
+        output, exit_frame = await until_exit(pty)
+        assert b"50 200" in output
+        assert exit_frame["code"] == 0
 
 
 async def test_kill_signal_gives_a_negative_exit_code(agent: AgentClient) -> None:
-    pty = await start(agent, cmd=["sleep", "60"])
-    await pty.send({"type": "signal", "sig": "KILL"})
-    _, exit_frame = await until_exit(pty, limit=5)
-    assert exit_frame["code"] == -9
+    async with session(agent, cmd=["sleep", "60"]) as pty:
+        await pty.send({"type": "signal", "sig": "KILL"})
+        _, exit_frame = await until_exit(pty, limit=5)
+        assert exit_frame["code"] == -9
 
 
 async def test_close_frame_terminates_the_command(agent: AgentClient) -> None:
-    pty = await start(agent, cmd=["sleep", "60"])
-    await pty.send({"type": "close"})
-    _, exit_frame = await until_exit(pty, limit=5)
-    assert exit_frame["code"] == -15
+    async with session(agent, cmd=["sleep", "60"]) as pty:
+        await pty.send({"type": "close"})
+        _, exit_frame = await until_exit(pty, limit=5)
+        assert exit_frame["code"] == -15
 
 
 async def test_disconnect_kills_the_session(agent: AgentClient, agent_server: RunningAgent) -> None:
     marker = agent_server.workdir / "pid"
-    pty = await start(agent, cmd=["sh", "-c", f"sleep 300 & echo $! > {marker}; wait"])
-    await poll_until(lambda: marker.is_file() and marker.read_text().endswith("\n"), "pid file")
-    pid = int(marker.read_text())
-    assert not process_gone(pid)
-    await pty.close()
-    await poll_until(lambda: process_gone(pid), f"sleep {pid} is killed with its session")
+    async with session(agent, cmd=["sh", "-c", f"sleep 300 & echo $! > {marker}; wait"]) as pty:
+        await poll_until(lambda: marker.is_file() and marker.read_text().endswith("\n"), "pid file")
+        pid = int(marker.read_text())
+        assert not process_gone(pid)
+        await pty.close()
+        await poll_until(lambda: process_gone(pid), f"sleep {pid} is killed with its session")
 
 
 async def test_bad_init_closes_with_4400(agent: AgentClient) -> None:
-    pty = await agent.open_pty()
-    await pty.send({"type": "stdin", "data": ""})
-    frame = await pty.recv()
-    assert frame == {"type": "error", "message": 'the first frame must be {"type": "init", ...}'}
-    assert await pty.recv() is None
-    assert pty.close_code == 4400
+    async with await agent.open_pty() as pty:
+        await pty.send({"type": "stdin", "data": ""})
+        frame = await pty.recv()
+        assert frame == {
+            "type": "error",
+            "message": 'the first frame must be {"type": "init", ...}',
+        }
+        assert await pty.recv() is None
+        assert pty.close_code == 4400
 
 
 async def test_missing_binary_closes_with_4500(agent: AgentClient) -> None:
-    pty = await agent.open_pty()
-    await pty.send({"type": "init", "cmd": ["no-such-binary-xyz"]})
-    frame = await pty.recv()
-    assert frame == {"type": "error", "message": "command not found: no-such-binary-xyz"}
-    assert await pty.recv() is None
-    assert pty.close_code == 4500
+    async with await agent.open_pty() as pty:
+        await pty.send({"type": "init", "cmd": ["no-such-binary-xyz"]})
+        frame = await pty.recv()
+        assert frame == {"type": "error", "message": "command not found: no-such-binary-xyz"}
+        assert await pty.recv() is None
+        assert pty.close_code == 4500
 
 
 async def test_unknown_frames_get_an_error_and_the_session_goes_on(agent: AgentClient) -> None:
-    pty = await start(agent, cmd=["cat"])
-    await pty.send({"type": "signal", "sig": "USR9"})
-    assert await pty.recv() == {"type": "error", "message": "unknown signal 'USR9'"}
-    await pty.send({"type": "bogus"})
-    assert await pty.recv() == {"type": "error", "message": "unknown frame type 'bogus'"}
-    await pty.send({"type": "signal", "sig": "TERM"})
-    _, exit_frame = await until_exit(pty)
-    assert exit_frame["code"] == -15
+    async with session(agent, cmd=["cat"]) as pty:
+        await pty.send({"type": "signal", "sig": "USR9"})
+        assert await pty.recv() == {"type": "error", "message": "unknown signal 'USR9'"}
+        await pty.send({"type": "bogus"})
+        assert await pty.recv() == {"type": "error", "message": "unknown frame type 'bogus'"}
+        await pty.send({"type": "signal", "sig": "TERM"})
+        _, exit_frame = await until_exit(pty)
+        assert exit_frame["code"] == -15

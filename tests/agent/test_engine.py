@@ -1,0 +1,184 @@
+"""Engine tier: the bundled agent in a busybox container (no Python, no bash, no libc),
+reached over the unix socket in a bind-mounted directory, with no network at all."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.types
+import pytest
+
+from orchard_env import errors
+from orchard_env.agent.bundle import BUNDLE_MOUNT, RUN_DIR_MOUNT, SOCKET_NAME, launch_argv
+from orchard_env.agent.client import AgentClient
+from orchard_env.orchestrator.backends.docker_engine import LABEL_CREATED_BY, LABEL_INSTANCE
+from tests.agent.conftest import TOKEN, collect
+from tests.agent.test_bundle import MAX_IDLE_RSS_KB, vm_rss_kb
+from tests.agent.test_pty import session, until_exit
+
+pytestmark = pytest.mark.engine
+
+EXEC_P50_LIMIT = 0.010  # seconds, `true` through AgentClient over the unix socket
+
+
+@dataclass
+class Sandbox:
+    container: docker.models.containers.Container
+    socket: str
+
+
+@pytest.fixture
+def sandbox(
+    docker_client: docker.DockerClient,
+    busybox_image: str,
+    agent_bundle: Path,
+    engine_instance: str,
+) -> Iterator[Sandbox]:
+    run_dir = Path(tempfile.mkdtemp(prefix="oa-run-", dir="/tmp"))
+    run_dir.chmod(0o777)
+    container = docker_client.containers.run(
+        busybox_image,
+        entrypoint=launch_argv(BUNDLE_MOUNT, f"unix:{RUN_DIR_MOUNT}/{SOCKET_NAME}"),
+        command=[],
+        name=f"orchard-agent-test-{uuid.uuid4().hex[:8]}",
+        environment={"ORCHARD_AGENT_TOKEN": TOKEN, "ORCHARD_AGENT_WORKDIR": "/workspace"},
+        mounts=[
+            docker.types.Mount(BUNDLE_MOUNT, str(agent_bundle), type="bind", read_only=True),
+            docker.types.Mount(RUN_DIR_MOUNT, str(run_dir), type="bind"),
+        ],
+        network_mode="none",
+        labels={LABEL_CREATED_BY: "orchard", LABEL_INSTANCE: engine_instance},
+        detach=True,
+    )
+    try:
+        yield Sandbox(container, str(run_dir / SOCKET_NAME))
+    finally:
+        container.remove(force=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.fixture
+async def agent_in_busybox(sandbox: Sandbox) -> AsyncIterator[AgentClient]:
+    async with AgentClient(token=TOKEN, uds=sandbox.socket) as client:
+        try:
+            await client.wait_ready(30)
+        except errors.AgentUnavailable:
+            logs = sandbox.container.logs().decode(errors="replace")
+            raise AssertionError(f"agent did not start; container logs:\n{logs}") from None
+        yield client
+
+
+async def test_exec_in_an_image_without_python_or_bash(agent_in_busybox: AgentClient) -> None:
+    agent = agent_in_busybox
+    result = await collect(agent.exec("j1", "echo hi; pwd; ls /bin/bash /usr/bin/python3"))
+    assert result.stdout.splitlines()[:2] == [b"hi", b"/workspace"]
+    assert b"bash" in result.stderr and b"python3" in result.stderr  # neither exists here
+    assert result.exit.exit_code != 0
+    env = await collect(agent.exec("env", ["env"], env={"REQ": "1"}))
+    names = {line.split("=", 1)[0] for line in env.stdout.decode().splitlines()}
+    assert "REQ" in names and "PATH" in names
+    assert not {n for n in names if n.startswith(("ORCHARD_AGENT_", "PYTHON", "LD_", "LC_"))}
+    login = await collect(agent.exec("login", "echo $0", login_shell=True))
+    assert login.stdout == b"/bin/sh\n"  # no bash: sh -l
+
+
+async def test_timeout_kills_the_tree_and_the_agent_reaps_as_pid_1(
+    agent_in_busybox: AgentClient,
+) -> None:
+    agent = agent_in_busybox
+    result = await collect(agent.exec("t", "sleep 300 & echo $!; wait", timeout=0.5))
+    assert result.exit.timed_out and result.exit.signal == 9
+    grandchild = int(result.stdout)
+    # an orphan whose parent exited is reparented to PID 1 (the agent's init half)
+    await collect(agent.exec("orphan", "(sleep 0.1 &) ; true"))
+    states = ""
+    for _ in range(200):
+        probe = await collect(agent.exec(f"ps-{time.monotonic_ns()}", "cat /proc/[0-9]*/stat"))
+        states = probe.stdout.decode()
+        lines = states.splitlines()
+        gone = not any(line.startswith(f"{grandchild} ") for line in lines)
+        zombies = [line for line in lines if line.rsplit(")", 1)[1].split()[0] == "Z"]
+        if gone and not zombies:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError(f"leftover processes or zombies:\n{states}")
+    init = await collect(agent.exec("init", ["cat", "/proc/1/cmdline"]))
+    assert b"server.pyc" in init.stdout
+
+
+async def test_files_and_the_read_only_bundle(agent_in_busybox: AgentClient) -> None:
+    agent = agent_in_busybox
+    data = bytes(range(256)) * 4096
+    assert await agent.write_file("/workspace/a/b.bin", data, mode=0o640) == len(data)
+    assert b"".join([c async for c in agent.read_file("a/b.bin")]) == data
+    entries = await agent.list_dir("/workspace/a")
+    assert [(e.name, e.type, e.size) for e in entries] == [("b.bin", "file", len(data))]
+    with pytest.raises(errors.InvalidRequest) as read_only:
+        await agent.write_file(f"{BUNDLE_MOUNT}/agent/evil.py", b"x")
+    assert read_only.value.message == (
+        f"writing {BUNDLE_MOUNT}/agent/evil.py failed: Read-only file system"
+    )
+    assert await agent.delete_path("/workspace/a", recursive=True) == "/workspace/a"
+
+
+async def test_pty_in_busybox(agent_in_busybox: AgentClient) -> None:
+    agent = agent_in_busybox
+    async with session(agent, cmd=["sh", "-c", "tty -s && stty size && exit 7"]) as pty:
+        output, exit_frame = await until_exit(pty)
+    assert exit_frame["code"] == 7
+    assert b"24 80" in output
+    async with session(agent, cmd=["sleep", "60"]) as pty:
+        await pty.send({"type": "signal", "sig": "KILL"})
+        assert (await until_exit(pty))[1]["code"] == -9
+    async with session(agent, cmd=["cat"]) as pty:
+        await pty.send({"type": "stdin", "data": base64.b64encode(b"ping\n").decode()})
+        await pty.send({"type": "stdin", "data": base64.b64encode(b"\x04").decode()})
+        output, exit_frame = await until_exit(pty)
+    assert output.count(b"ping") == 2 and exit_frame["code"] == 0
+
+
+async def test_idle_rss_and_exec_latency(
+    agent_in_busybox: AgentClient, record_property: Callable[[str, object], None]
+) -> None:
+    agent = agent_in_busybox
+    pid = (await agent.health())["pid"]
+    status = await collect(agent.exec("rss", ["cat", f"/proc/{pid}/status"]))
+    rss_kb = vm_rss_kb(status.stdout)
+    record_property("agent_idle_rss_kb", rss_kb)
+    assert rss_kb <= MAX_IDLE_RSS_KB
+    for i in range(20):  # warm up the connection pool and the agent
+        await collect(agent.exec(f"warm-{i}", "true"))
+    samples = []
+    for i in range(200):
+        started = time.perf_counter()
+        result = await collect(agent.exec(f"true-{i}", ["true"]))
+        samples.append(time.perf_counter() - started)
+        assert result.exit.exit_code == 0
+    p50 = statistics.median(samples)
+    record_property("exec_true_p50_ms", round(p50 * 1000, 3))
+    record_property("exec_true_p90_ms", round(statistics.quantiles(samples, n=10)[-1] * 1000, 3))
+    assert p50 <= EXEC_P50_LIMIT
+
+
+def test_stop_forwards_sigterm_and_exits_cleanly(sandbox: Sandbox) -> None:
+    deadline = time.monotonic() + 30
+    while not Path(sandbox.socket).exists():
+        assert time.monotonic() < deadline, sandbox.container.logs()
+        time.sleep(0.02)
+    started = time.monotonic()
+    sandbox.container.stop(timeout=10)
+    assert time.monotonic() - started < 5  # not the 10 s kill
+    sandbox.container.reload()
+    assert sandbox.container.attrs["State"]["ExitCode"] == 0
+    assert not Path(sandbox.socket).exists()  # the agent removed its socket
