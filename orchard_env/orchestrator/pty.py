@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -55,7 +55,9 @@ async def _read_init(ws: WebSocket) -> PtyInit | None:
         return None
 
 
-async def _client_to_agent(ws: WebSocket, session: AgentPty, touch: Any) -> None:
+async def _client_to_agent(
+    ws: WebSocket, session: AgentPty, touch: Callable[[], Awaitable[object]]
+) -> None:
     while True:
         message = await ws.receive()
         if message["type"] == "websocket.disconnect":
@@ -95,8 +97,8 @@ async def relay(
         await _refuse(ws, CLOSE_AGENT_UNAVAILABLE, exc.message)
         return
 
-    async def touch() -> None:
-        await sandboxes.touch(record.sandbox_id)
+    def touch() -> Awaitable[object]:
+        return sandboxes.touch(record.sandbox_id)
 
     try:
         await session.send(init.model_dump(exclude_none=True))
