@@ -82,6 +82,17 @@ class SandboxRecord(BaseModel):
     def ready_deadline(self) -> datetime:
         return self.created_at + timedelta(seconds=self.ready_timeout_seconds)
 
+    def usage_row(self, started_at: datetime) -> UsageRow:
+        return UsageRow(
+            sandbox_id=self.sandbox_id,
+            owner=self.owner,
+            image=self.image,
+            cpu=self.cpu,
+            memory_bytes=self.memory_bytes,
+            labels=self.labels,
+            started_at=started_at,
+        )
+
     def to_info(self, settings: ServiceSettings) -> SandboxInfo:
         return SandboxInfo(
             sandbox_id=self.sandbox_id,

@@ -40,7 +40,7 @@ from orchard_env.orchestrator.backends.base import (
     SandboxSpec,
     SandboxState,
 )
-from orchard_env.orchestrator.records import LIVE_STATUSES, SandboxRecord, UsageRow
+from orchard_env.orchestrator.records import LIVE_STATUSES, SandboxRecord
 from orchard_env.orchestrator.store import Store
 from orchard_env.protocol import (
     CreateSandboxRequest,
@@ -68,18 +68,6 @@ SETTLED_STATUSES = frozenset({SandboxStatus.READY, SandboxStatus.FAILED, Sandbox
 
 def new_sandbox_id() -> str:
     return "sb-" + secrets.token_hex(6)
-
-
-def _usage_row(record: SandboxRecord, started_at: datetime) -> UsageRow:
-    return UsageRow(
-        sandbox_id=record.sandbox_id,
-        owner=record.owner,
-        image=record.image,
-        cpu=record.cpu,
-        memory_bytes=record.memory_bytes,
-        labels=record.labels,
-        started_at=started_at,
-    )
 
 
 def dead_reason(found: BackendSandbox) -> str:
@@ -238,7 +226,7 @@ class SandboxService:
         try:
             if not await self.store.insert_sandbox(record):
                 raise self._exists(sandbox_id)
-            await self.store.open_usage(_usage_row(record, record.created_at))
+            await self.store.open_usage(record.usage_row(record.created_at))
             found = await self._create_container(record)
             record = await self._started(record, found)
         finally:
@@ -568,7 +556,7 @@ class SandboxService:
         if not await self.store.insert_sandbox(record):
             return
         log.info("adopted an unrecorded sandbox", extra={"sandbox_id": record.sandbox_id})
-        await self.store.open_usage(_usage_row(record, found.created_at))
+        await self.store.open_usage(record.usage_row(found.created_at))
         await self._sync(record, found)
 
     async def expire(self, now: datetime) -> None:
