@@ -116,6 +116,8 @@ class AgentClient:
     ) -> None:
         if (uds is None) == (base_url is None):
             raise errors.InvalidRequest("AgentClient needs exactly one of uds= or base_url=")
+        if not token:
+            raise errors.InvalidRequest("AgentClient needs the sandbox's agent token (token=)")
         self._token = token
         self._uds = uds
         self._base_url = (base_url or "http://agent").rstrip("/")

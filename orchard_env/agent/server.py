@@ -1233,6 +1233,7 @@ class PtySession:
         self.master = -1
         self.pid = 0
         self.exited: asyncio.Future[int] | None = None
+        self.kill_timer: asyncio.TimerHandle | None = None
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: str, size: tuple[int, int]) -> None:
         master, slave = os.openpty()
@@ -1278,6 +1279,8 @@ class PtySession:
         finally:
             recv.cancel()
             pump.cancel()
+            if self.kill_timer is not None:
+                self.kill_timer.cancel()
             signal_group(self.pid, signal.SIGKILL)
             self.agent.pty_groups.discard(self.pid)
             os.close(self.master)
@@ -1322,7 +1325,10 @@ class PtySession:
                     set_winsize(self.master, rows, cols)
                 elif kind == "close":
                     signal_group(self.pid, signal.SIGTERM)
-                    loop.call_later(PTY_CLOSE_GRACE, signal_group, self.pid, signal.SIGKILL)
+                    if self.kill_timer is None:
+                        self.kill_timer = loop.call_later(
+                            PTY_CLOSE_GRACE, signal_group, self.pid, signal.SIGKILL
+                        )
                 else:
                     raise invalid(f"unknown frame type {kind!r}")
             except HTTPError as exc:

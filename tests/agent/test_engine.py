@@ -10,7 +10,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,20 +38,29 @@ class Sandbox:
 
 
 @pytest.fixture
+def user() -> str | None:
+    """The user the container (and so the agent) runs as; None: the image's (root)."""
+    return None
+
+
+@pytest.fixture
 def sandbox(
     docker_client: docker.DockerClient,
     busybox_image: str,
     agent_bundle: Path,
     engine_instance: str,
+    user: str | None,
 ) -> Iterator[Sandbox]:
     run_dir = Path(tempfile.mkdtemp(prefix="oa-run-", dir="/tmp"))
     run_dir.chmod(0o777)
+    workdir = "/workspace" if user is None else "/tmp/work"
     container = docker_client.containers.run(
         busybox_image,
         entrypoint=launch_argv(BUNDLE_MOUNT, f"unix:{RUN_DIR_MOUNT}/{SOCKET_NAME}"),
         command=[],
         name=f"orchard-agent-test-{uuid.uuid4().hex[:8]}",
-        environment={"ORCHARD_AGENT_TOKEN": TOKEN, "ORCHARD_AGENT_WORKDIR": "/workspace"},
+        user=user,
+        environment={"ORCHARD_AGENT_TOKEN": TOKEN, "ORCHARD_AGENT_WORKDIR": workdir},
         mounts=[
             docker.types.Mount(BUNDLE_MOUNT, str(agent_bundle), type="bind", read_only=True),
             docker.types.Mount(RUN_DIR_MOUNT, str(run_dir), type="bind"),
@@ -117,6 +126,21 @@ async def test_timeout_kills_the_tree_and_the_agent_reaps_as_pid_1(
     assert b"server.pyc" in init.stdout
 
 
+@pytest.mark.parametrize("user", ["65534:65534"])
+async def test_agent_as_an_unprivileged_user(agent_in_busybox: AgentClient) -> None:
+    agent = agent_in_busybox
+    whoami = await collect(agent.exec("id", "id -u; pwd"))
+    assert whoami.stdout == b"65534\n/tmp/work\n"  # the workdir was created by the agent
+    await agent.mkdir("/tmp/work/locked")
+    await collect(agent.exec("lock", "touch locked/x && chmod 000 locked"))
+    with pytest.raises(errors.InvalidRequest) as denied:
+        await agent.list_dir("locked")
+    assert denied.value.message == "permission denied listing /tmp/work/locked"
+    with pytest.raises(errors.InvalidRequest) as denied_write:
+        await agent.write_file("/etc/passwd", b"x")
+    assert denied_write.value.message == "permission denied writing /etc/passwd"
+
+
 async def test_files_and_the_read_only_bundle(agent_in_busybox: AgentClient) -> None:
     agent = agent_in_busybox
     data = bytes(range(256)) * 4096
@@ -148,15 +172,12 @@ async def test_pty_in_busybox(agent_in_busybox: AgentClient) -> None:
     assert output.count(b"ping") == 2 and exit_frame["code"] == 0
 
 
-async def test_idle_rss_and_exec_latency(
-    agent_in_busybox: AgentClient, record_property: Callable[[str, object], None]
-) -> None:
+async def test_idle_rss_and_exec_latency(agent_in_busybox: AgentClient) -> None:
     agent = agent_in_busybox
     pid = (await agent.health())["pid"]
     status = await collect(agent.exec("rss", ["cat", f"/proc/{pid}/status"]))
     rss_kb = vm_rss_kb(status.stdout)
-    record_property("agent_idle_rss_kb", rss_kb)
-    assert rss_kb <= MAX_IDLE_RSS_KB
+    assert rss_kb <= MAX_IDLE_RSS_KB, f"agent idle RSS {rss_kb} kB"
     for i in range(20):  # warm up the connection pool and the agent
         await collect(agent.exec(f"warm-{i}", "true"))
     samples = []
@@ -166,9 +187,8 @@ async def test_idle_rss_and_exec_latency(
         samples.append(time.perf_counter() - started)
         assert result.exit.exit_code == 0
     p50 = statistics.median(samples)
-    record_property("exec_true_p50_ms", round(p50 * 1000, 3))
-    record_property("exec_true_p90_ms", round(statistics.quantiles(samples, n=10)[-1] * 1000, 3))
-    assert p50 <= EXEC_P50_LIMIT
+    p90 = statistics.quantiles(samples, n=10)[-1]
+    assert p50 <= EXEC_P50_LIMIT, f"exec `true`: p50 {p50 * 1000:.2f} ms, p90 {p90 * 1000:.2f} ms"
 
 
 def test_stop_forwards_sigterm_and_exits_cleanly(sandbox: Sandbox) -> None:

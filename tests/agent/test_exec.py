@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -265,6 +267,8 @@ def test_client_needs_exactly_one_address() -> None:
         AgentClient(token="t")
     with pytest.raises(errors.InvalidRequest):
         AgentClient(token="t", uds="/x.sock", base_url="http://x:1")
+    with pytest.raises(errors.InvalidRequest, match="needs the sandbox's agent token"):
+        AgentClient(token="", uds="/x.sock")
 
 
 @pytest.fixture
@@ -287,3 +291,36 @@ async def test_agent_over_tcp(tcp_port: int) -> None:
             await pty.send({"type": "init", "cmd": ["sh", "-c", "exit 5"]})
             assert (await pty.recv() or {}).get("type") == "ready"
             assert await pty.recv() == {"type": "exit", "code": 5}
+
+
+def test_token_is_required_unless_no_auth(short_dir: Path) -> None:
+    refused = subprocess.run(
+        [sys.executable, "-I", str(SERVER), "--listen", f"unix:{short_dir}/a.sock"],
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert refused.returncode == 2
+    assert "ORCHARD_AGENT_TOKEN is not set (--no-auth runs without auth, for tests)" in (
+        refused.stderr
+    )
+
+
+@pytest.fixture
+def open_agent_socket(tmp_path: Path, short_dir: Path) -> Iterator[str]:
+    socket_path = str(short_dir / "open.sock")
+    argv = [sys.executable, "-I", str(SERVER), "--no-auth"]
+    process = start_agent(argv, f"unix:{socket_path}", {}, tmp_path)
+    yield socket_path
+    assert stop_agent(process) == 0
+
+
+async def test_no_auth_accepts_requests_without_a_token(open_agent_socket: str) -> None:
+    transport = httpx.AsyncHTTPTransport(uds=open_agent_socket)
+    async with AgentClient(token="ignored", uds=open_agent_socket) as client:
+        await client.wait_ready(15)
+        async with httpx.AsyncClient(transport=transport, base_url="http://agent") as raw:
+            response = await raw.post("/exec", json={"command": "echo open"})
+    assert response.status_code == 200
+    assert b'"t":"x"' in response.content
