@@ -57,6 +57,7 @@ WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 # Variables that belong to the agent and its launcher, never to the commands it runs.
 OWN_ENV_PREFIX = "ORCHARD_AGENT_"
 LAUNCHER_ENV = ("PYTHONHOME", "PYTHONPATH", "PYTHONNOUSERSITE", "LD_LIBRARY_PATH")
+OOM_SCORE_BOOST = 500  # commands are this much likelier OOM victims than the agent itself
 PTY_SIGNALS = {
     "TERM": signal.SIGTERM,
     "KILL": signal.SIGKILL,
@@ -466,6 +467,7 @@ class Job:
                 if fd is not None:
                     os.close(fd)
         self.pgid = proc.pid
+        self.agent.expose_to_oom_killer(proc.pid)
         loop = asyncio.get_running_loop()
         self._streams_closed = loop.create_future()
         self._fds = [out_r, err_r]
@@ -628,6 +630,14 @@ def initial_environ() -> dict[str, str]:
     return environ
 
 
+def read_oom_score_adj() -> int:
+    try:
+        with open("/proc/self/oom_score_adj") as source:
+            return int(source.read())
+    except (OSError, ValueError):
+        return 0
+
+
 def string_map(value: Any, field: str) -> dict[str, str]:
     if value is None:
         return {}
@@ -660,6 +670,13 @@ class Agent:
         self.children: dict[int, tuple[subprocess.Popen[bytes], asyncio.Future[int]]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.pty_groups: set[int] = set()
+        self.child_oom_score_adj = min(1000, read_oom_score_adj() + OOM_SCORE_BOOST)
+
+    def expose_to_oom_killer(self, pid: int) -> None:
+        """Make a command a likelier OOM victim than the agent (raising needs no privilege):
+        when a sandbox runs out of memory, the command is killed and the agent survives."""
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/oom_score_adj", "w") as target:
+            target.write(str(self.child_oom_score_adj))
 
     # processes
 
@@ -1257,6 +1274,7 @@ class PtySession:
         os.set_blocking(master, False)
         self.master = master
         self.pid = proc.pid
+        self.agent.expose_to_oom_killer(proc.pid)
         self.exited = self.agent.watch_child(proc)
         self.agent.pty_groups.add(proc.pid)
 

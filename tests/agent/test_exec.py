@@ -153,6 +153,22 @@ async def test_timeout_kills_the_whole_process_tree(agent: AgentClient) -> None:
     assert (await agent.health())["status"] == "ok"
 
 
+def oom_score_adj(pid: int) -> int:
+    with open(f"/proc/{pid}/oom_score_adj") as source:
+        return int(source.read())
+
+
+async def test_commands_are_likelier_oom_victims_than_the_agent(agent: AgentClient) -> None:
+    events = agent.exec("oom", "echo $$; exec sleep 60")
+    first = await anext(events)
+    assert isinstance(first, Output)
+    agent_pid = (await agent.health())["pid"]
+    agent_adj, command_adj = map(oom_score_adj, (agent_pid, int(first.data)))
+    assert command_adj == min(1000, agent_adj + 500)
+    await agent.cancel("oom")
+    assert (await collect(events)).exit.cancelled
+
+
 async def test_exit_124_is_not_a_timeout(agent: AgentClient) -> None:
     result = await collect(agent.exec("j1", "exit 124", timeout=30))
     assert result.exit.exit_code == 124
