@@ -90,21 +90,39 @@ async def test_interactive_session_with_subprotocol_auth(
     assert frames[-1] == {"type": "exit", "code": -9}
 
 
+class Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        self.setFormatter(JsonFormatter())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
 async def test_query_parameter_key_is_accepted_and_never_logged(
-    service: Service, ws_connect: Connect, caplog: pytest.LogCaptureFixture
+    service: Service, ws_connect: Connect, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    caplog.set_level(logging.INFO)
-    sandbox_id = (await service.create())["sandbox_id"]
-    assert service.admin is not None
-    path = f"/sandboxes/{sandbox_id}/exec/pty?api_key={service.admin.api_key}"
-    async with ws_connect(path) as ws:
-        await ws.send(json.dumps({"type": "init", "cmd": ["true"]}))
-        frames = await frames_until_close(ws)
+    # uvicorn logs WebSocket paths with their query string on "uvicorn.error".
+    collect = Collect()
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    monkeypatch.setattr(uvicorn_log, "disabled", False)  # other tests configure logging
+    level = uvicorn_log.level
+    uvicorn_log.setLevel(logging.INFO)
+    uvicorn_log.addHandler(collect)
+    try:
+        sandbox_id = (await service.create())["sandbox_id"]
+        assert service.admin is not None
+        path = f"/sandboxes/{sandbox_id}/exec/pty?api_key={service.admin.api_key}"
+        async with ws_connect(path) as ws:
+            await ws.send(json.dumps({"type": "init", "cmd": ["true"]}))
+            frames = await frames_until_close(ws)
+    finally:
+        uvicorn_log.removeHandler(collect)
+        uvicorn_log.setLevel(level)
     assert frames[-1] == {"type": "exit", "code": 0}
-    formatter = JsonFormatter()
-    lines = [formatter.format(record) for record in caplog.records]
-    assert any("api_key=***" in line for line in lines)  # uvicorn logs the WebSocket path
-    assert not any(service.admin.api_key in line for line in lines)
+    assert any("api_key=***" in line for line in collect.lines)
+    assert not any(service.admin.api_key in line for line in collect.lines)
 
 
 @pytest.mark.parametrize(
