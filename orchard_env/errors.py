@@ -140,7 +140,9 @@ class SandboxNotReady(Conflict):
 
 
 @_register
-class Timeout(OrchardError):
+class Timeout(OrchardError, TimeoutError):
+    """A wait ran out. Also Python's ``TimeoutError``, which upstream's SDK raised."""
+
     code = "timeout"
     http_status = 408
 

@@ -134,13 +134,6 @@ class Outcome:
     """An earlier attempt failed after its request may have reached the server."""
 
 
-class WaitTimeout(errors.Timeout, TimeoutError):
-    """:class:`orchard_env.errors.Timeout` that is also Python's ``TimeoutError``.
-
-    Upstream's SDK raised ``TimeoutError`` when a wait ran out; code catching either works.
-    """
-
-
 # --- settings shared by both clients ------------------------------------------------------
 
 

@@ -24,7 +24,6 @@ from orchard_env.sdk._base import (
     Retry,
     Send,
     Sleep,
-    WaitTimeout,
     build,
     call,
     describe,
@@ -181,7 +180,7 @@ def wait_ready_flow(
                 raise errors.SandboxNotFound(f"sandbox {sandbox_id} was deleted while starting")
         if core.clock() >= deadline:
             state = f" (last status: {info.status.value})" if info else ""
-            raise WaitTimeout(
+            raise errors.Timeout(
                 f"sandbox {sandbox_id} did not become ready within {limit}s{state}; it was deleted",
                 hint="pass a larger timeout= to create_sandbox, or check the service's capacity",
             )
@@ -344,7 +343,7 @@ def exec_command(
         command_timeout=request.timeout_seconds,
     )
     if not result.is_complete:
-        raise WaitTimeout(
+        raise errors.Timeout(
             f"job {result.job_id} ({result.command!r}) is still {result.status.value} "
             f"{limit}s after it was submitted with a {request.timeout_seconds}s timeout",
             hint="the sandbox may be overloaded; get_job(job_id) shows its state, "

@@ -31,7 +31,7 @@ from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as sync_connect
 
 from orchard_env import __version__, errors, protocol
-from orchard_env.sdk._base import WaitTimeout, seg
+from orchard_env.sdk._base import seg
 
 OPEN_TIMEOUT = 10.0
 CLOSE_GRACE = 2.0
@@ -233,7 +233,7 @@ class PtyProcess:
             self.close()
             if self._session.error is not None:
                 raise self._session.error
-            raise WaitTimeout(f"the PTY session at {url} did not start within {open_timeout}s")
+            raise errors.Timeout(f"the PTY session at {url} did not start within {open_timeout}s")
 
     @property
     def pid(self) -> int | None:
@@ -277,7 +277,7 @@ class PtyProcess:
                 if remaining is not None and remaining <= 0:
                     self._chunks.appendleft(b"".join(parts))  # keep it for the next read
                     self._buffered += len(self._chunks[0])
-                    raise WaitTimeout(f"PTY process {self.pid} did not exit within {timeout}s")
+                    raise errors.Timeout(f"PTY process {self.pid} did not exit within {timeout}s")
                 self._cond.wait(remaining)
 
     def kill(self, sig: str = "KILL") -> None:
@@ -291,7 +291,7 @@ class PtyProcess:
         """Block until the process exits; return its exit code (negative = signal)."""
         with self._cond:
             if not self._cond.wait_for(lambda: self._session.finished, timeout=timeout):
-                raise WaitTimeout(f"PTY process {self.pid} did not exit within {timeout}s")
+                raise errors.Timeout(f"PTY process {self.pid} did not exit within {timeout}s")
         return self._session.exit_code()
 
     def close(self) -> None:
@@ -408,7 +408,7 @@ class AsyncPtyProcess:
                 await process._cond.wait_for(lambda: session.ready or session.finished)
         except TimeoutError:
             await process.close()
-            raise WaitTimeout(
+            raise errors.Timeout(
                 f"the PTY session at {url} did not start within {open_timeout}s"
             ) from None
         if not session.ready:
@@ -455,7 +455,7 @@ class AsyncPtyProcess:
             except TimeoutError:
                 self._chunks.appendleft(b"".join(parts))
                 self._buffered += len(self._chunks[0])
-                raise WaitTimeout(
+                raise errors.Timeout(
                     f"PTY process {self.pid} did not exit within {timeout}s"
                 ) from None
 
@@ -470,7 +470,7 @@ class AsyncPtyProcess:
             async with asyncio.timeout(timeout), self._cond:
                 await self._cond.wait_for(lambda: self._session.finished)
         except TimeoutError:
-            raise WaitTimeout(f"PTY process {self.pid} did not exit within {timeout}s") from None
+            raise errors.Timeout(f"PTY process {self.pid} did not exit within {timeout}s") from None
         return self._session.exit_code()
 
     async def close(self) -> None:
