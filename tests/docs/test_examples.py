@@ -1,0 +1,178 @@
+"""The Python examples of the docs run, as a user would run them, against a real orchestrator.
+
+A ```python block preceded by ``<!-- doctest: run -->`` is written to a file and run with
+``python`` in a fresh directory, with ``ORCHARD_URL`` and ``ORCHARD_API_KEY`` pointing at the
+orchestrator (so ``SandboxClient()`` finds it, as after ``orchard up``). The orchestrator is the
+real app under uvicorn on 127.0.0.1 with the service-tier fake backend: every sandbox is the
+real agent as a host process (so exec, files, streams and PTY are real; the container around
+it, and with it isolation and limits, is not). A ```text block preceded by
+``<!-- doctest: output -->`` right after a runnable block is its expected stdout (``...``
+matches anything). An example must delete every sandbox it creates.
+
+Blocks that cannot run here say why: ``<!-- doctest: skip: <reason> -->``. In docs/ every
+Python block carries one of the two markers (docs/cost.md has its own test).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from orchard_env.orchestrator.app import create_app
+from orchard_env.orchestrator.keys import create_key_sync
+from tests.docs.markdown import DOCS, Block, blocks, markdown_files
+from tests.orchestrator.conftest import make_settings
+from tests.orchestrator.fakes import AgentProcessBackend
+
+SELF_TESTED = {DOCS / "cost.md"}  # tests/cost/test_docs.py runs its examples
+_SKIP = re.compile(r"^skip: \S.*$")
+EXAMPLE_TIMEOUT = 120
+
+
+@dataclass(frozen=True)
+class Example:
+    block: Block
+    output: str | None  # the expected stdout, if the doc shows it
+
+    @property
+    def location(self) -> str:
+        return self.block.location
+
+
+def _examples() -> list[Example]:
+    found = []
+    for path in markdown_files():
+        if path in SELF_TESTED:
+            continue
+        found_blocks = blocks(path)
+        for index, block in enumerate(found_blocks):
+            if block.lang != "python" or block.marker != "run":
+                continue
+            following = found_blocks[index + 1] if index + 1 < len(found_blocks) else None
+            output = following.code if following and following.marker == "output" else None
+            found.append(Example(block, output))
+    return found
+
+
+EXAMPLES = _examples()
+
+
+def test_markers_are_known_and_python_blocks_in_docs_are_marked() -> None:
+    problems = []
+    for path in markdown_files():
+        if path in SELF_TESTED:
+            continue
+        found = blocks(path)
+        for index, block in enumerate(found):
+            marker = block.marker
+            if marker == "output":
+                previous = found[index - 1] if index else None
+                if previous is None or previous.marker != "run" or block.lang != "text":
+                    problems.append(f"{block.location}: an output block follows a run block")
+            elif marker is not None and marker != "run" and not _SKIP.match(marker):
+                problems.append(f"{block.location}: unknown marker {marker!r}")
+            elif marker == "run" and block.lang != "python":
+                problems.append(f"{block.location}: only python blocks can run")
+            elif block.lang == "python" and marker is None and path.is_relative_to(DOCS):
+                problems.append(
+                    f"{block.location}: mark it <!-- doctest: run --> "
+                    "or <!-- doctest: skip: <reason> -->"
+                )
+    assert not problems, "\n".join(problems)
+
+
+def test_the_sdk_guide_is_tested() -> None:
+    assert sum(example.block.path == DOCS / "sdk.md" for example in EXAMPLES) >= 10
+
+
+@dataclass(frozen=True)
+class Live:
+    url: str
+    api_key: str
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    """The orchestrator under uvicorn on a free loopback port, with an admin key."""
+    settings = make_settings(tmp_path_factory.mktemp("docs-service") / "state")
+    key = create_key_sync(settings, "docs", admin=True)
+    backend = AgentProcessBackend()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings, backend=backend),
+            host="127.0.0.1",
+            port=0,
+            lifespan="on",
+            log_config=None,
+            log_level="warning",
+        )
+    )
+    thread = threading.Thread(target=server.run, name="uvicorn-docs", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield Live(f"http://127.0.0.1:{port}", key.api_key)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+        backend.shutdown()
+
+
+def _matches(expected: str, actual: str) -> bool:
+    pattern = ".*?".join(re.escape(part) for part in expected.rstrip().split("..."))
+    return re.fullmatch(pattern, actual.rstrip(), re.DOTALL) is not None
+
+
+def _left_behind(live: Live) -> list[str]:
+    """Delete the sandboxes still alive; return their ids."""
+    headers = {"X-API-Key": live.api_key}
+    with httpx.Client(base_url=live.url, headers=headers, timeout=30) as http:
+        alive = [sb["sandbox_id"] for sb in http.get("/sandboxes").json()["sandboxes"]]
+        for sandbox_id in alive:
+            http.delete(f"/sandboxes/{sandbox_id}")
+    return alive
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda example: example.location)
+def test_example_runs(example: Example, live: Live, tmp_path: Path) -> None:
+    script = tmp_path / "example.py"
+    script.write_text(example.block.code)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCHARD_", "SANDBOX_"))}
+    env.update(
+        ORCHARD_URL=live.url,
+        ORCHARD_API_KEY=live.api_key,
+        ORCHARD_CONFIG=str(tmp_path / "no-config.toml"),
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=EXAMPLE_TIMEOUT,
+        check=False,
+    )
+    left = _left_behind(live)
+    report = f"--- stdout\n{done.stdout}--- stderr\n{done.stderr}"
+    assert done.returncode == 0, f"{example.location} failed (exit {done.returncode})\n{report}"
+    if example.output is not None:
+        assert _matches(example.output, done.stdout), (
+            f"{example.location} printed something else than the doc shows\n"
+            f"--- the doc\n{example.output}{report}"
+        )
+    assert not left, f"{example.location} left sandboxes alive: {left}"
