@@ -15,8 +15,48 @@ The bearer token comes from ``ORCHARD_AGENT_TOKEN`` (``--no-auth`` disables auth
 # and its quick local filesystem syscalls run on the event loop by design.
 # ruff: noqa: PTH101, PTH102, PTH103, PTH105, PTH106, PTH108, PTH110, PTH112, PTH116
 # ruff: noqa: PTH118, PTH120, PTH208, ASYNC240
+# As PID 1 the agent forks before its heavy imports (become_init_reaper), hence E402.
+# ruff: noqa: E402
 
 from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+def become_init_reaper() -> None:
+    """As PID 1, fork before anything heavy is imported and stay behind as a tiny init.
+
+    The parent reaps every zombie (orphans of the commands are re-parented to it) and
+    forwards TERM/INT to the child, then exits with the child's status. Forking here, with
+    only ``os``, ``signal`` and ``sys`` loaded, keeps the parent's private memory to the bare
+    interpreter's; the child goes on to import the rest and serve.
+    """
+    pid = os.fork()
+    if pid == 0:
+        return
+
+    def forward(signum: int, _frame: object) -> None:
+        try:  # noqa: SIM105 - contextlib is not imported yet, on purpose
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    while True:
+        try:
+            reaped, status = os.wait()
+        except ChildProcessError:
+            os._exit(1)
+        if reaped == pid:
+            code = os.waitstatus_to_exitcode(status)
+            os._exit(code if code >= 0 else 128 - code)
+
+
+if __name__ == "__main__" and os.getpid() == 1:
+    become_init_reaper()
 
 import argparse
 import asyncio
@@ -26,16 +66,13 @@ import errno
 import fcntl
 import hmac
 import json
-import os
-import signal
 import stat
 import struct
 import subprocess
-import sys
 import termios
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 AGENT_VERSION = "0.1.0"
@@ -1415,28 +1452,6 @@ async def serve(listen: tuple[str, str, int], token: str | None, workdir: str) -
                 os.unlink(address)
 
 
-def run_as_init(child: Callable[[], int]) -> NoReturn:
-    """As PID 1: fork; the parent reaps every zombie and forwards TERM/INT to the child."""
-    pid = os.fork()
-    if pid == 0:
-        os._exit(child())
-
-    def forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
-    while True:
-        try:
-            reaped, status = os.wait()
-        except ChildProcessError:
-            os._exit(1)
-        if reaped == pid:
-            code = os.waitstatus_to_exitcode(status)
-            os._exit(code if code >= 0 else 128 - code)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="orchard-agent", description="Orchard sandbox agent")
     parser.add_argument("--listen", required=True, help="unix:/path/agent.sock or tcp:HOST:PORT")
@@ -1453,13 +1468,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("ORCHARD_AGENT_TOKEN is not set (--no-auth runs without auth, for tests)")
     workdir = os.environ.get("ORCHARD_AGENT_WORKDIR") or DEFAULT_WORKDIR
 
-    def run() -> int:
-        asyncio.run(serve(listen, None if args.no_auth else token, workdir))
-        return 0
-
-    if os.getpid() == 1:
-        run_as_init(run)
-    return run()
+    asyncio.run(serve(listen, None if args.no_auth else token, workdir))
+    return 0
 
 
 if __name__ == "__main__":

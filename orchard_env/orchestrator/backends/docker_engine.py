@@ -390,6 +390,9 @@ class DockerEngineBackend:
                 pids_limit=spec.pids_limit,
                 network_mode="none" if spec.block_network else None,
                 mounts=mounts,
+                # The engine's tiny init (catatonit, tini) is PID 1 and reaps orphans, so the
+                # agent does not have to stay behind as a second Python process.
+                init=True,
                 detach=True,
             )
         except docker.errors.APIError as exc:
