@@ -29,14 +29,31 @@ def create(
     admin: Annotated[
         bool, typer.Option("--admin", help="May manage keys and see every sandbox.")
     ] = False,
+    local: Annotated[
+        bool,
+        typer.Option(
+            "--local",
+            help="Write the key straight into this machine's service database "
+            "(bootstraps the first key of `orchard serve`; needs no key).",
+        ),
+    ] = False,
+    state_dir: Annotated[
+        str | None, typer.Option("--state-dir", help="With --local: the service's state directory.")
+    ] = None,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
     """Create a key. Its secret is printed once, to stdout; store it now."""
-    with connect(url, api_key, context) as client:
-        created = client.create_key(name, admin=admin)
+    if local:
+        from orchard_env.config import service_settings
+        from orchard_env.orchestrator.keys import create_key_sync
+
+        created = create_key_sync(service_settings(state_dir=state_dir), name, admin=admin)
+    else:
+        with connect(url, api_key, context) as client:
+            created = client.create_key(name, admin=admin)
     if json_:
         print_json(created)
     else:

@@ -15,7 +15,7 @@ from orchard_env.errors import OrchardError
 
 app = typer.Typer(
     name="orchard",
-    help="Sandboxes for training and evaluating AI agents, on this machine or on Kubernetes.",
+    help="Sandboxes for training and evaluating AI agents.",
     no_args_is_help=True,
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
@@ -43,7 +43,7 @@ def _root(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
-    """Sandboxes for training and evaluating AI agents, on this machine or on Kubernetes."""
+    """Sandboxes for training and evaluating AI agents."""
 
 
 def main() -> None:

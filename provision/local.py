@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -228,7 +229,20 @@ class LocalProvider:
             return False
         return True
 
+    def _check_port_free(self) -> None:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((self.settings.host, self.settings.port))
+            except OSError as exc:
+                raise OrchardError(
+                    f"port {self.settings.port} on {self.settings.host} is taken: {exc.strerror}",
+                    hint="stop what listens there, or choose another port: "
+                    "`orchard up --port 8001`",
+                ) from exc
+
     def _start_process(self, progress: Progress) -> int:
+        self._check_port_free()
         self.paths.state_dir.mkdir(parents=True, exist_ok=True)
         progress(f"starting the orchestrator (log: {self.paths.log_file})")
         # posix_spawn, not Popen: the service outlives this process, so there is no Popen

@@ -28,7 +28,9 @@ from orchard_env.orchestrator.store import Store, open_store
 from orchard_env.protocol import KeyCreated, KeyCreateRequest, KeyInfo
 
 KEY_RE = re.compile(r"^ork_([0-9a-f]{10})_([A-Za-z0-9_-]{16,})$")
-NO_KEYS_HINT = "create one with `orchard keys create --admin`"
+NO_KEYS_HINT = (
+    "on the service's machine, create one with `orchard keys create admin --admin --local`"
+)
 
 
 def hash_key(api_key: str) -> str:
@@ -123,20 +125,5 @@ def key_is_valid_sync(settings: ServiceSettings, api_key: str, *, admin: bool = 
             except (AuthenticationRequired, PermissionDenied):
                 return False
             return record.admin or not admin
-
-    return asyncio.run(run())
-
-
-def bootstrap_admin_key(settings: ServiceSettings, name: str = "admin") -> KeyCreated | None:
-    """Create an admin key if the service has no active key yet; None if it has one.
-
-    ``orchard up`` calls this so a fresh service is usable at once (and prints the key once).
-    """
-
-    async def run() -> KeyCreated | None:
-        async with open_store(settings) as store:
-            if await store.count_active_keys() > 0:
-                return None
-            return await create_key(store, name, admin=True)
 
     return asyncio.run(run())

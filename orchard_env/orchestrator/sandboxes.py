@@ -383,7 +383,7 @@ class SandboxService:
         if record.status not in SETTLED_STATUSES:
             raise Timeout(
                 f"sandbox {sandbox_id} is still {record.status.value} after {seconds:g} s",
-                hint=f"wait again, or check `orchard sandbox show {sandbox_id}`",
+                hint=f"wait again, or check `orchard sandbox get {sandbox_id}`",
             )
         return record.to_info(self.settings)
 

@@ -7,7 +7,6 @@ from pathlib import Path
 from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.keys import (
     KEY_RE,
-    bootstrap_admin_key,
     create_key,
     create_key_sync,
     hash_key,
@@ -53,7 +52,8 @@ async def test_no_keys_configured_is_401_with_a_hint(start_service: StartService
         assert detail(response) == {
             "code": "unauthenticated",
             "message": "this service requires an API key and none exists yet",
-            "hint": "create one with `orchard keys create --admin`",
+            "hint": "on the service's machine, create one with "
+            "`orchard keys create admin --admin --local`",
         }
     revoked = await service.as_key(service.admin).get("/sandboxes")
     assert revoked.status_code == 403
@@ -137,9 +137,8 @@ async def test_without_require_api_key_everything_is_open_and_unowned(
 
 def test_sync_helpers_for_the_cli(tmp_path: Path) -> None:
     settings: ServiceSettings = make_settings(tmp_path / "state")
-    first = bootstrap_admin_key(settings)
-    assert first is not None and first.admin
-    assert bootstrap_admin_key(settings) is None  # a key exists already
+    first = create_key_sync(settings, "admin", admin=True)
+    assert first.admin
     assert key_is_valid_sync(settings, first.api_key, admin=True)
     user = create_key_sync(settings, "ci")
     assert key_is_valid_sync(settings, user.api_key)
