@@ -220,7 +220,7 @@ async def test_wait_times_out_with_408(service: Service) -> None:
     assert detail(response) == {
         "code": "timeout",
         "message": "sandbox slow is still pending after 0.2 s",
-        "hint": "wait again, or check `orchard sandbox show slow`",
+        "hint": "wait again, or check `orchard sandbox get slow`",
     }
 
 
