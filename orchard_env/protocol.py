@@ -12,9 +12,9 @@ import re
 import shlex
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 # --- validation helpers ------------------------------------------------------------------
 
@@ -108,6 +108,17 @@ def check_labels(labels: dict[str, str]) -> dict[str, str]:
         if not LABEL_VALUE_RE.match(value):
             raise ValueError(f"label value {value!r} for {key!r} is invalid")
     return labels
+
+
+def null_is_default(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+    """A ``before`` field validator: an explicit JSON ``null`` takes the field's default.
+
+    Upstream's SDK sends ``"timeout_seconds": null`` and ``"env": null`` when the caller gave
+    none; upstream's server took those as "the default", and so do we.
+    """
+    if value is None and info.field_name is not None:
+        return cls.model_fields[info.field_name].get_default(call_default_factory=True)
+    return value
 
 
 def command_text(command: str | list[str]) -> str:
@@ -250,9 +261,13 @@ class ExecRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     command: str | list[str]
-    timeout_seconds: int = Field(default=300, ge=1, le=7 * 86400)
+    timeout_seconds: int = Field(
+        default=300, ge=1, le=7 * 86400, description="seconds; null means the default"
+    )
     cwd: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(
+        default_factory=dict, description="added to the sandbox's; null means none"
+    )
     login_shell: bool = False
     wait: bool = False
     # Orchard extensions
@@ -266,6 +281,8 @@ class ExecRequest(BaseModel):
         if (isinstance(v, str) and not v.strip()) or (isinstance(v, list) and not v):
             raise ValueError("command is empty")
         return v
+
+    _nulls = field_validator("timeout_seconds", "env", mode="before")(null_is_default)
 
 
 class Job(BaseModel):
@@ -463,6 +480,8 @@ class PtyInit(BaseModel):
     rows: int = Field(default=24, ge=1, le=1000)
     cols: int = Field(default=80, ge=1, le=1000)
     login_shell: bool = False
+
+    _nulls = field_validator("env", "rows", "cols", mode="before")(null_is_default)
 
 
 PTY_CLIENT_TYPES = ("init", "stdin", "signal", "resize", "close")

@@ -99,3 +99,17 @@ def test_command_text_keeps_argv_quoting() -> None:
 def test_job_status_done() -> None:
     assert not protocol.JobStatus.RUNNING.done
     assert protocol.JobStatus.TIMEOUT.done
+
+
+def test_null_means_the_default_where_upstreams_sdk_sends_it() -> None:
+    # Upstream's SDK sends every exec field, null when the caller gave none.
+    request = protocol.ExecRequest.model_validate(
+        {"command": "ls", "timeout_seconds": None, "cwd": None, "env": None, "login_shell": False}
+    )
+    assert (request.timeout_seconds, request.env, request.cwd) == (300, {}, None)
+    init = protocol.PtyInit.model_validate(
+        {"type": "init", "cmd": ["bash"], "env": None, "cwd": None, "rows": None, "cols": None}
+    )
+    assert (init.env, init.rows, init.cols) == ({}, 24, 80)
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        protocol.ExecRequest(command="ls", timeout_seconds=0)
