@@ -10,6 +10,7 @@ The SDK also honours upstream's ``SANDBOX_BASE_URL`` / ``SANDBOX_API_KEY`` (afte
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -61,6 +62,13 @@ def _non_negative_int(value: str) -> int:
     return number
 
 
+def _cidr_list(value: str) -> tuple[str, ...]:
+    networks = tuple(item.strip() for item in value.split(",") if item.strip())
+    for network in networks:
+        ipaddress.ip_network(network)  # ValueError names the bad one
+    return networks
+
+
 @dataclass(frozen=True)
 class Setting:
     key: str  # the name in config.toml; the env var is ORCHARD_<KEY upper>
@@ -95,6 +103,20 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
     Setting("max_output_bytes", str(16 * 1024 * 1024), _positive_int, "exec output cap"),
     Setting("job_retention_seconds", "86400", _positive_int, "how long finished jobs stay"),
     Setting("agent_bundle_dir", None, Path, "the relocatable agent bundle to mount"),
+    # Kubernetes backend
+    Setting("k8s_namespace", "orchard-sandboxes", str, "namespace the sandbox pods run in"),
+    Setting("k8s_kubeconfig", None, str, "kubeconfig file; default: in-cluster, then KUBECONFIG"),
+    Setting("k8s_context", None, str, "kubeconfig context; default: the current one"),
+    Setting("agent_image", None, str, "agent-injector image (copies the bundle into each pod)"),
+    Setting("agent_port", "9090", _positive_int, "TCP port of the agent inside a pod"),
+    Setting("runtime_class", None, str, "runtimeClassName for sandbox pods (gvisor, kata)"),
+    Setting("ephemeral_storage", "10Gi", parse_memory, "ephemeral-storage limit per sandbox pod"),
+    Setting(
+        "egress_except",
+        "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,100.64.0.0/10,169.254.0.0/16",
+        _cidr_list,
+        "ranges a sandbox with network may never reach (cluster, metadata)",
+    ),
 )
 
 CLIENT_SETTINGS: tuple[Setting, ...] = (
@@ -225,6 +247,14 @@ class ServiceSettings:
     max_output_bytes: int
     job_retention_seconds: int
     agent_bundle_dir: Path | None
+    k8s_namespace: str
+    k8s_kubeconfig: str | None
+    k8s_context: str | None
+    agent_image: str | None
+    agent_port: int
+    runtime_class: str | None
+    ephemeral_storage: int
+    egress_except: tuple[str, ...]
 
     @property
     def db_path(self) -> Path:
