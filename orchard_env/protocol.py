@@ -12,9 +12,9 @@ import re
 import shlex
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, ValidationInfo, field_validator
 
 # --- validation helpers ------------------------------------------------------------------
 
@@ -126,6 +126,17 @@ def command_text(command: str | list[str]) -> str:
     return command if isinstance(command, str) else shlex.join(command)
 
 
+def epoch_seconds(value: datetime) -> float:
+    return value.timestamp()
+
+
+Timestamp = Annotated[datetime, PlainSerializer(epoch_seconds, return_type=float, when_used="json")]
+"""An instant that travels as Unix epoch seconds (a float), as upstream's ``created_at``,
+``started_at`` and ``completed_at`` do; Python code sees a timezone-aware datetime (pydantic
+reads the number back into one). Sandbox, job and heartbeat objects use it for every
+timestamp; Orchard-only objects (keys, usage) keep ISO 8601."""
+
+
 # --- sandboxes -----------------------------------------------------------------------------
 
 
@@ -203,7 +214,7 @@ class SandboxInfo(BaseModel):
     block_network: bool
     cpu: str
     memory: str
-    created_at: datetime
+    created_at: Timestamp
     ready: bool
     status: SandboxStatus
     status_message: str | None = None
@@ -213,10 +224,10 @@ class SandboxInfo(BaseModel):
     workdir: str = "/workspace"
     env: dict[str, str] = Field(default_factory=dict)
     backend: str = ""
-    expires_at: datetime | None = None
+    expires_at: Timestamp | None = None
     idle_timeout_seconds: int | None = None
-    last_activity_at: datetime | None = None
-    deleted_at: datetime | None = None
+    last_activity_at: Timestamp | None = None
+    deleted_at: Timestamp | None = None
     source_snapshot: str | None = None
 
 
@@ -231,7 +242,7 @@ class DeleteResponse(BaseModel):
 
 class HeartbeatResponse(BaseModel):
     status: Literal["ok"] = "ok"
-    expires_at: datetime | None = None
+    expires_at: Timestamp | None = None
 
 
 # --- exec and jobs -------------------------------------------------------------------------
@@ -295,9 +306,9 @@ class Job(BaseModel):
     stdout: str = ""
     stderr: str = ""
     exit_code: int | None = None
-    created_at: datetime
-    started_at: datetime | None = None
-    completed_at: datetime | None = None
+    created_at: Timestamp
+    started_at: Timestamp | None = None
+    completed_at: Timestamp | None = None
     error: str | None = None
     # Orchard extensions
     timed_out: bool = False

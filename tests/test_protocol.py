@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
+
 import pytest
 from pydantic import ValidationError
 
@@ -113,3 +116,15 @@ def test_null_means_the_default_where_upstreams_sdk_sends_it() -> None:
     assert (init.env, init.rows, init.cols) == ({}, 24, 80)
     with pytest.raises(ValidationError, match="greater than or equal to 1"):
         protocol.ExecRequest(command="ls", timeout_seconds=0)
+
+
+def test_sandbox_and_job_times_travel_as_epoch_seconds() -> None:
+    created = datetime(2026, 1, 1, 12, 0, 0, 250000, tzinfo=UTC)
+    job = protocol.Job(
+        job_id="j", sandbox_id="s", command="ls", status="succeeded", created_at=created
+    )
+    wire = json.loads(job.model_dump_json())
+    assert wire["created_at"] == created.timestamp() and wire["started_at"] is None
+    assert protocol.Job.model_validate(wire).created_at == created  # read back as a datetime
+    beat = protocol.HeartbeatResponse(expires_at=created)
+    assert json.loads(beat.model_dump_json())["expires_at"] == created.timestamp()

@@ -19,6 +19,9 @@ import httpx
 from orchard_env import errors
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC).isoformat()
+"""A file's ``modified`` (ISO 8601, as upstream lists files)."""
+NOW_EPOCH = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+"""Sandbox and job timestamps travel as epoch seconds."""
 
 Interceptor = Callable[[httpx.Request], httpx.Response | None]
 
@@ -181,7 +184,7 @@ class FakeService:
             "block_network": body.get("block_network", True),
             "cpu": str(body.get("cpu", "1")),
             "memory": str(body.get("memory", "2Gi")),
-            "created_at": NOW,
+            "created_at": NOW_EPOCH,
             "ready": self.ready_status == "ready",
             "status": self.ready_status,
             "status_message": self.status_message,
@@ -209,7 +212,7 @@ class FakeService:
             "stdout": ran.stdout,
             "stderr": ran.stderr,
             "exit_code": ran.exit_code,
-            "created_at": NOW,
+            "created_at": NOW_EPOCH,
             "error": ran.error,
             "timed_out": ran.timed_out,
             "_views_left": self.running_views,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime
 
 import pytest
 
@@ -29,6 +30,8 @@ def test_exec_result(sandbox: Sandbox, service: FakeService) -> None:
     assert isinstance(result, ExecResult) and JobResult is ExecResult
     assert (result.stdout, result.exit_code, result.returncode) == ("hello\n", 0, 0)
     assert result.succeeded and result.is_complete and not result.failed
+    # Epoch seconds on the wire (upstream's type), an aware datetime in Python.
+    assert result.created_at == datetime(2026, 1, 1, tzinfo=UTC)
     (body,) = _posts(service, sandbox)
     assert re.fullmatch(r"[0-9a-f]{32}", str(body.pop("job_id")))
     assert body == {

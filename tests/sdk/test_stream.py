@@ -12,7 +12,7 @@ import pytest
 
 from orchard_env import errors
 from orchard_env.sdk import Sandbox, SandboxClient
-from tests.sdk.fakes import NOW, FakeService
+from tests.sdk.fakes import NOW_EPOCH, FakeService
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def _job(**fields: Any) -> dict[str, Any]:
         "stdout": "abcdef",
         "stderr": "E",
         "exit_code": 0,
-        "created_at": NOW,
+        "created_at": NOW_EPOCH,
         **fields,
     }
 
