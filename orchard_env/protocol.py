@@ -249,12 +249,14 @@ class HeartbeatResponse(BaseModel):
 
 
 class JobStatus(StrEnum):
+    """Upstream's four: a finished job is ``succeeded`` or ``failed``, and upstream's clients
+    poll until they see one of those. Why a job failed is in ``Job.timed_out``,
+    ``Job.cancelled`` and ``Job.error``, never in a status of its own."""
+
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
-    TIMEOUT = "timeout"
-    CANCELLED = "cancelled"
 
     @property
     def done(self) -> bool:
@@ -310,8 +312,9 @@ class Job(BaseModel):
     started_at: Timestamp | None = None
     completed_at: Timestamp | None = None
     error: str | None = None
-    # Orchard extensions
+    # Orchard extensions (a timed-out or cancelled job is ``failed``)
     timed_out: bool = False
+    cancelled: bool = False
     truncated: bool = False
 
     @property

@@ -267,8 +267,8 @@ class JobService:
         return (await self._wait_record(job_id, caller, seconds)).to_job()
 
     async def cancel(self, job_id: str, caller: Caller) -> Job:
-        """Kill a running command's process tree (status ``cancelled``); a finished job is
-        returned as it is."""
+        """Kill a running command's process tree (``failed`` with ``cancelled``); a finished
+        job is returned as it is."""
         record = await self._record(job_id, caller)
         run = self._runs.get(job_id)
         if record.status.done or run is None:
@@ -279,7 +279,9 @@ class JobService:
             with contextlib.suppress(asyncio.CancelledError):
                 await run.task
             self._runs.pop(job_id, None)
-            final = await self._finalize(run, JobStatus.CANCELLED, error="cancelled before it ran")
+            final = await self._finalize(
+                run, JobStatus.FAILED, error="cancelled before it ran", cancelled=True
+            )
             return final.to_job()
         sandbox = await self.store.get_sandbox(record.sandbox_id)
         if sandbox is not None and sandbox.status == SandboxStatus.READY:
@@ -439,21 +441,19 @@ class JobService:
             exit_code = -final.signal
         error = final.error
         if final.cancelled:
-            status, error = JobStatus.CANCELLED, error or "cancelled"
+            error = error or "cancelled"
         elif final.timed_out:
-            status, error = JobStatus.TIMEOUT, error or f"timed out after {timeout} s"
-        elif final.exit_code == 0 and error is None:
-            status = JobStatus.SUCCEEDED
-        else:
-            status = JobStatus.FAILED
-            if error is None and final.signal is not None:
-                error = f"killed by signal {final.signal}"
+            error = error or f"timed out after {timeout} s"
+        elif error is None and final.signal is not None:
+            error = f"killed by signal {final.signal}"
+        succeeded = final.exit_code == 0 and error is None
         await self._finalize(
             run,
-            status,
+            JobStatus.SUCCEEDED if succeeded else JobStatus.FAILED,
             exit_code=exit_code,
             error=error,
             timed_out=final.timed_out,
+            cancelled=final.cancelled,
             truncated=final.truncated,
         )
 

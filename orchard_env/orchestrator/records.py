@@ -134,6 +134,7 @@ class JobRecord(BaseModel):
     completed_at: datetime | None = None
     error: str | None = None
     timed_out: bool = False
+    cancelled: bool = False
     truncated: bool = False
 
     def to_job(self) -> Job:
@@ -150,6 +151,7 @@ class JobRecord(BaseModel):
             completed_at=self.completed_at,
             error=self.error,
             timed_out=self.timed_out,
+            cancelled=self.cancelled,
             truncated=self.truncated,
         )
 

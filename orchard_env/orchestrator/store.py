@@ -157,6 +157,12 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX usage_sandbox ON usage(sandbox_id);
     CREATE INDEX usage_started ON usage(started_at);
     """,
+    # 2: upstream's job statuses only: timed-out and cancelled jobs are failed, with a flag
+    """
+    ALTER TABLE jobs ADD COLUMN cancelled INTEGER NOT NULL DEFAULT 0;
+    UPDATE jobs SET status = 'failed', cancelled = 1 WHERE status = 'cancelled';
+    UPDATE jobs SET status = 'failed', timed_out = 1 WHERE status = 'timeout';
+    """,
 )
 
 
@@ -179,8 +185,9 @@ def _opt_dt(value: str | None) -> datetime | None:
 
 _JOB_COLUMNS = (
     "job_id, sandbox_id, owner, status, command, request, created_at, started_at, "
-    "completed_at, stdout, stderr, exit_code, timed_out, truncated, error"
+    "completed_at, stdout, stderr, exit_code, timed_out, cancelled, truncated, error"
 )
+_JOB_VALUES = "VALUES (" + ", ".join("?" for _ in _JOB_COLUMNS.split(",")) + ")"
 
 
 def _job_params(r: JobRecord) -> tuple[Any, ...]:
@@ -198,6 +205,7 @@ def _job_params(r: JobRecord) -> tuple[Any, ...]:
         r.stderr,
         r.exit_code,
         int(r.timed_out),
+        int(r.cancelled),
         int(r.truncated),
         r.error,
     )
@@ -218,6 +226,7 @@ def _job_from_row(row: sqlite3.Row) -> JobRecord:
         stderr=row["stderr"],
         exit_code=row["exit_code"],
         timed_out=bool(row["timed_out"]),
+        cancelled=bool(row["cancelled"]),
         truncated=bool(row["truncated"]),
         error=row["error"],
     )
@@ -456,8 +465,7 @@ class SQLiteStore:
     def _insert_job(self, record: JobRecord) -> tuple[JobRecord, bool]:
         with self._tx() as tx:
             cursor = tx.execute(
-                f"INSERT OR IGNORE INTO jobs ({_JOB_COLUMNS}) "  # noqa: S608
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT OR IGNORE INTO jobs ({_JOB_COLUMNS}) {_JOB_VALUES}",
                 _job_params(record),
             )
             if cursor.rowcount == 1:
@@ -473,8 +481,7 @@ class SQLiteStore:
 
     def _put_job(self, record: JobRecord) -> None:
         self._db.execute(
-            f"INSERT OR REPLACE INTO jobs ({_JOB_COLUMNS}) "  # noqa: S608
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT OR REPLACE INTO jobs ({_JOB_COLUMNS}) {_JOB_VALUES}",
             _job_params(record),
         )
 

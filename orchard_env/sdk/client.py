@@ -206,7 +206,7 @@ class SandboxClient:
         )
 
     def cancel_job(self, job_id: str) -> ExecResult:
-        """Kill a job's process tree; the job ends as ``cancelled``."""
+        """Kill a job's process tree; the job ends ``failed`` with ``cancelled`` set."""
         return self._run(flows.cancel_job(self._core, job_id))
 
     # --- service -----------------------------------------------------------------------------

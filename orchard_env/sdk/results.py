@@ -52,8 +52,9 @@ class Health(protocol.Health, _ItemAccess):
 class ExecResult(protocol.Job):
     """A command's run, like :class:`subprocess.CompletedProcess` (alias ``JobResult``).
 
-    ``status`` is one of queued, running, succeeded, failed, timeout, cancelled. A result
-    from ``exec(wait=False)`` may still be queued or running: ``is_complete`` says.
+    ``status`` is one of queued, running, succeeded, failed (upstream's four); a failed run
+    says why in ``timed_out``, ``cancelled`` and ``error``. A result from ``exec(wait=False)``
+    may still be queued or running: ``is_complete`` says.
     """
 
     _timeout_seconds: int | None = PrivateAttr(default=None)
@@ -86,10 +87,10 @@ class ExecResult(protocol.Job):
 
     def _failure_message(self) -> str:
         what = f"command {self.command!r} (job {self.job_id})"
-        if self.timed_out or self.status is protocol.JobStatus.TIMEOUT:
+        if self.timed_out:
             after = f" after {self._timeout_seconds}s" if self._timeout_seconds else ""
             message = f"{what} timed out{after}"
-        elif self.status is protocol.JobStatus.CANCELLED:
+        elif self.cancelled:
             message = f"{what} was cancelled"
         elif self.exit_code is not None:
             message = f"{what} exited with code {self.exit_code}"

@@ -165,21 +165,23 @@ async def test_cancel_kills_the_command(service: Service) -> None:
     response = await service.http.post("/jobs/sleepy/cancel")
     assert response.status_code == 200
     cancelled = response.json()
-    assert cancelled["status"] == "cancelled"
-    assert cancelled["error"] == "cancelled"
+    # Upstream's clients poll until succeeded/failed: a cancelled job is failed, and says why.
+    assert (cancelled["status"], cancelled["cancelled"]) == ("failed", True)
+    assert cancelled["error"] == "cancelled" and cancelled["timed_out"] is False
     again = await service.http.post("/jobs/sleepy/cancel")
-    assert again.json()["status"] == "cancelled"
+    assert (again.json()["status"], again.json()["cancelled"]) == ("failed", True)
 
 
 async def test_timeout_is_distinct_from_exit_124(service: Service) -> None:
     sandbox_id = (await service.create())["sandbox_id"]
     timed = await service.exec(sandbox_id, "echo started; sleep 30", timeout_seconds=1)
-    assert timed["status"] == "timeout"
-    assert timed["timed_out"] is True
+    assert (timed["status"], timed["timed_out"], timed["cancelled"]) == ("failed", True, False)
     assert timed["error"] == "timed out after 1 s"
     assert timed["stdout"] == "started\n"
     exited = await service.exec(sandbox_id, "exit 124")
     assert (exited["status"], exited["exit_code"], exited["timed_out"]) == ("failed", 124, False)
+    stored = await service.orchard.store.get_job(timed["job_id"])
+    assert stored is not None and stored.timed_out and stored.status == "failed"
 
 
 async def test_output_is_capped_and_marked_truncated(start_service: StartService) -> None:
@@ -220,8 +222,9 @@ async def test_queued_jobs_wait_for_a_slot_and_cancel_without_running(service: S
     second = (await service.http.post(url, json={"command": "touch ran", "job_id": "later"})).json()
     assert second["status"] == "queued"
     cancelled = (await service.http.post("/jobs/later/cancel")).json()
-    assert cancelled["status"] == "cancelled"
+    assert (cancelled["status"], cancelled["cancelled"]) == ("failed", True)
     assert cancelled["error"] == "cancelled before it ran"
+    assert cancelled["exit_code"] is None and cancelled["started_at"] is None
     await release(service, sandbox_id)
     done = (await service.http.get(f"/jobs/{first['job_id']}/wait", params={"timeout": 10})).json()
     assert done["status"] == "succeeded"

@@ -11,8 +11,8 @@ import pytest
 
 from orchard_env.errors import ConfigError
 from orchard_env.orchestrator.records import JobRecord, SandboxRecord, UsageRow
-from orchard_env.orchestrator.store import SQLiteStore
-from orchard_env.protocol import ExecRequest, SandboxStatus
+from orchard_env.orchestrator.store import _MIGRATIONS, SQLiteStore
+from orchard_env.protocol import ExecRequest, JobStatus, SandboxStatus
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -43,14 +43,14 @@ async def test_schema_is_versioned_and_the_file_private(tmp_path: Path) -> None:
     await reopened.close()
     with sqlite3.connect(path) as db:
         versions = [row[0] for row in db.execute("SELECT version FROM schema_migrations")]
-        assert versions == [1]
+        assert versions == [1, 2]
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         db.execute("INSERT INTO schema_migrations VALUES (99, 'future')")
     future = SQLiteStore(path)
     with pytest.raises(ConfigError) as raised:
         await future.open()
     assert raised.value.message == (
-        f"the state database {path} has schema version 99, newer than this Orchard understands (1)"
+        f"the state database {path} has schema version 99, newer than this Orchard understands (2)"
     )
 
 
@@ -81,5 +81,29 @@ async def test_inserts_are_idempotent(tmp_path: Path) -> None:
         await store.open_usage(row)
         await store.open_usage(row)  # one open row per sandbox
         assert len(await store.list_usage(NOW, datetime(2027, 1, 1, tzinfo=UTC))) == 1
+    finally:
+        await store.close()
+
+
+async def test_jobs_of_a_version_1_database_get_upstreams_statuses(tmp_path: Path) -> None:
+    path = tmp_path / "orchard.db"
+    with sqlite3.connect(path) as db:
+        db.executescript(_MIGRATIONS[0])
+        db.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at TEXT)")
+        db.execute("INSERT INTO schema_migrations VALUES (1, '2026-03-01T12:00:00.000000Z')")
+        request = ExecRequest(command="sleep 9").model_dump_json()
+        for job_id, status, timed_out in [("t", "timeout", 1), ("c", "cancelled", 0)]:
+            db.execute(
+                "INSERT INTO jobs (job_id, sandbox_id, status, command, request, created_at, "
+                "timed_out) VALUES (?, 'sb', ?, 'sleep 9', ?, '2026-03-01T12:00:00.000000Z', ?)",
+                (job_id, status, request, timed_out),
+            )
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        timed, cancelled = await store.get_job("t"), await store.get_job("c")
+        assert timed is not None and cancelled is not None
+        assert (timed.status, timed.timed_out, timed.cancelled) == (JobStatus.FAILED, True, False)
+        assert (cancelled.status, cancelled.cancelled) == (JobStatus.FAILED, True)
     finally:
         await store.close()

@@ -215,6 +215,7 @@ class FakeService:
             "created_at": NOW_EPOCH,
             "error": ran.error,
             "timed_out": ran.timed_out,
+            "cancelled": False,
             "_views_left": self.running_views,
         }
         if not body.get("wait"):
@@ -234,8 +235,10 @@ class FakeService:
     def _jobs(self, method: str, rest: list[str], request: httpx.Request) -> httpx.Response:
         if rest[0] not in self.jobs:
             raise errors.JobNotFound(f"job {rest[0]} not found")
-        if method == "POST" and rest[1:] == ["cancel"]:
-            self.jobs[rest[0]].update(status="cancelled", _views_left=0)
+        if method == "POST" and rest[1:] == ["cancel"] and self.jobs[rest[0]]["_views_left"]:
+            self.jobs[rest[0]].update(
+                status="failed", cancelled=True, error="cancelled", exit_code=-15, _views_left=0
+            )
         view = self._view(rest[0])
         if rest[1:] == ["wait"] and view["status"] == "running":
             self.on_wait(float(request.url.params["timeout"]))

@@ -95,9 +95,15 @@ def test_wait_false_returns_at_once(sandbox: Sandbox, service: FakeService) -> N
     assert client.wait_job(result.job_id, timeout=5).stdout == "bg\n"
 
 
-def test_cancel_job(sandbox: Sandbox) -> None:
+def test_cancel_job(sandbox: Sandbox, service: FakeService) -> None:
+    service.running_views = 5
     job = sandbox.exec("echo x", wait=False)
-    assert sandbox._client.cancel_job(job.job_id).status == "cancelled"
+    cancelled = sandbox._client.cancel_job(job.job_id)
+    assert (cancelled.status, cancelled.cancelled, cancelled.failed) == ("failed", True, True)
+    with pytest.raises(errors.CommandFailed, match=r"\(job \w+\) was cancelled: cancelled$"):
+        cancelled.check_returncode()
+    finished = sandbox.exec("echo y")
+    assert sandbox._client.cancel_job(finished.job_id).status == "succeeded"  # too late
 
 
 def test_check_raises_with_code_command_and_stderr(sandbox: Sandbox, service: FakeService) -> None:
@@ -115,7 +121,7 @@ def test_check_raises_with_code_command_and_stderr(sandbox: Sandbox, service: Fa
 
 def test_check_says_timed_out(sandbox: Sandbox, service: FakeService) -> None:
     service.runner = lambda command: Ran(
-        exit_code=-9, status="timeout", timed_out=True, error="killed after the timeout"
+        exit_code=-9, status="failed", timed_out=True, error="killed after the timeout"
     )
     with pytest.raises(errors.CommandFailed) as caught:
         sandbox.exec("sleep 10", timeout=2, check=True, job_id="j2")
