@@ -103,6 +103,7 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
     Setting("max_output_bytes", str(16 * 1024 * 1024), _positive_int, "exec output cap"),
     Setting("job_retention_seconds", "86400", _positive_int, "how long finished jobs stay"),
     Setting("agent_bundle_dir", None, Path, "the relocatable agent bundle to mount"),
+    Setting("bootstrap_key_file", None, Path, "file with an API key imported as admin at start"),
     # Kubernetes backend
     Setting("k8s_namespace", "orchard-sandboxes", str, "namespace the sandbox pods run in"),
     Setting("k8s_kubeconfig", None, str, "kubeconfig file; default: in-cluster, then KUBECONFIG"),
@@ -247,6 +248,7 @@ class ServiceSettings:
     max_output_bytes: int
     job_retention_seconds: int
     agent_bundle_dir: Path | None
+    bootstrap_key_file: Path | None
     k8s_namespace: str
     k8s_kubeconfig: str | None
     k8s_context: str | None

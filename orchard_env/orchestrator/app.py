@@ -16,6 +16,7 @@ from orchard_env.orchestrator.api import router
 from orchard_env.orchestrator.api.errors import RequestContextMiddleware, install_error_handlers
 from orchard_env.orchestrator.backends import make_backend
 from orchard_env.orchestrator.backends.base import Backend
+from orchard_env.orchestrator.keys import import_key_file
 from orchard_env.orchestrator.records import utcnow
 from orchard_env.orchestrator.services import Orchard
 from orchard_env.orchestrator.store import SQLiteStore, Store
@@ -41,6 +42,8 @@ def create_app(
                 the_store = SQLiteStore(settings.db_path)
                 stack.push_async_callback(the_store.close)
             await the_store.open()
+            if settings.bootstrap_key_file is not None:
+                await import_key_file(the_store, settings.bootstrap_key_file)
             the_backend = backend
             if the_backend is None:
                 the_backend = make_backend(settings)

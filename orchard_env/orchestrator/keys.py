@@ -10,14 +10,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import logging
 import re
 import secrets
+from pathlib import Path
 
 from pydantic import ValidationError
 
 from orchard_env.config import ServiceSettings
 from orchard_env.errors import (
     AuthenticationRequired,
+    ConfigError,
     InvalidRequest,
     KeyNotFound,
     OrchardError,
@@ -26,6 +29,8 @@ from orchard_env.errors import (
 from orchard_env.orchestrator.records import KeyRecord, utcnow
 from orchard_env.orchestrator.store import Store, open_store
 from orchard_env.protocol import KeyCreated, KeyCreateRequest, KeyInfo
+
+log = logging.getLogger(__name__)
 
 KEY_RE = re.compile(r"^ork_([0-9a-f]{10})_([A-Za-z0-9_-]{16,})$")
 NO_KEYS_HINT = (
@@ -62,6 +67,60 @@ async def create_key(store: Store, name: str, *, admin: bool = False) -> KeyCrea
         if await store.insert_key(record):
             return KeyCreated(**record.to_info().model_dump(), api_key=api_key)
     raise OrchardError("could not allocate a unique key id after 5 attempts")
+
+
+async def import_key(
+    store: Store, name: str, api_key: str, *, admin: bool = False
+) -> tuple[KeyInfo, bool]:
+    """Store a key made elsewhere (``orchard deploy`` puts one in a Kubernetes Secret).
+
+    Returns the key's info and whether it was added. A key already stored is left as it is, so
+    a revoked key stays revoked when it is imported again.
+    """
+    match = KEY_RE.match(api_key)
+    if match is None:
+        raise InvalidRequest(
+            "the key to import is not an Orchard API key (ork_<10 hex digits>_<secret>)"
+        )
+    try:
+        request = KeyCreateRequest(name=name, admin=admin)
+    except ValidationError as exc:
+        raise InvalidRequest(
+            f"key name {name!r} is invalid: use 1-64 letters, digits, '_', '.', '@' or '-'"
+        ) from exc
+    record = KeyRecord(
+        key_id=match.group(1),
+        name=request.name,
+        sha256=hash_key(api_key),
+        admin=request.admin,
+        created_at=utcnow(),
+    )
+    if await store.insert_key(record):
+        return record.to_info(), True
+    existing = await store.get_key(record.key_id)
+    if existing is None or not hmac.compare_digest(existing.sha256, record.sha256):
+        raise InvalidRequest(
+            f"cannot import the key: a different key with id {record.key_id} exists",
+            hint="make a new key to import",
+        )
+    return existing.to_info(), False
+
+
+async def import_key_file(store: Store, path: Path, name: str = "bootstrap") -> None:
+    """Import the admin key in ``path`` if the file exists (the ``bootstrap_key_file`` setting)."""
+    try:
+        api_key = (await asyncio.to_thread(path.read_text)).strip()
+    except FileNotFoundError:
+        log.info("no bootstrap key file", extra={"path": str(path)})
+        return
+    try:
+        info, added = await import_key(store, name, api_key, admin=True)
+    except InvalidRequest as exc:
+        raise ConfigError(f"bootstrap_key_file {path}: {exc.message}", hint=exc.hint) from exc
+    log.info(
+        "bootstrap key imported" if added else "bootstrap key already known",
+        extra={"key_id": info.key_id, "revoked": info.revoked_at is not None},
+    )
 
 
 async def list_keys(store: Store) -> list[KeyInfo]:
