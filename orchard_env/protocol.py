@@ -205,7 +205,11 @@ class CreateSandboxRequest(BaseModel):
 
 
 class SandboxInfo(BaseModel):
-    """A sandbox as ``GET /sandboxes/{id}`` returns it (upstream fields + extensions)."""
+    """A sandbox as ``GET /sandboxes/{id}`` returns it (upstream fields + extensions).
+
+    ``timeout`` (the readiness timeout, in seconds) is in upstream's create answer, which
+    upstream's SDK reads to size its ``/wait``; here every answer carries it.
+    """
 
     sandbox_id: str
     namespace: str
@@ -217,7 +221,8 @@ class SandboxInfo(BaseModel):
     created_at: Timestamp
     ready: bool
     status: SandboxStatus
-    status_message: str | None = None
+    status_message: str = ""
+    timeout: int
     # Orchard extensions
     labels: dict[str, str] = Field(default_factory=dict)
     owner: str | None = None
@@ -236,12 +241,17 @@ class SandboxList(BaseModel):
 
 
 class DeleteResponse(BaseModel):
+    """``DELETE /sandboxes/{id}``. Deleting an already deleted sandbox answers the same, with
+    ``already_deleted`` (upstream's clients delete on exit, maybe after the reaper did)."""
+
     status: Literal["deleted"] = "deleted"
-    sandbox_id: str | None = None
+    sandbox_id: str
+    already_deleted: bool = False
 
 
 class HeartbeatResponse(BaseModel):
     status: Literal["ok"] = "ok"
+    sandbox_id: str
     expires_at: Timestamp | None = None
 
 
@@ -452,6 +462,7 @@ class ServiceBanner(BaseModel):
 
     service: Literal["orchard"] = "orchard"
     version: str
+    status: Literal["running"] = "running"
 
 
 class ResourceAmounts(BaseModel):

@@ -128,5 +128,5 @@ def test_sandbox_and_job_times_travel_as_epoch_seconds() -> None:
     wire = json.loads(job.model_dump_json())
     assert wire["created_at"] == created.timestamp() and wire["started_at"] is None
     assert protocol.Job.model_validate(wire).created_at == created  # read back as a datetime
-    beat = protocol.HeartbeatResponse(expires_at=created)
+    beat = protocol.HeartbeatResponse(sandbox_id="s", expires_at=created)
     assert json.loads(beat.model_dump_json())["expires_at"] == created.timestamp()

@@ -417,7 +417,7 @@ class SandboxService:
         record = await self.get_record(sandbox_id, caller)
         self._require_live(record)
         record = await self.touch(sandbox_id, force=True) or record
-        return HeartbeatResponse(expires_at=record.expires_at())
+        return HeartbeatResponse(sandbox_id=sandbox_id, expires_at=record.expires_at())
 
     @contextlib.asynccontextmanager
     async def in_use(self, sandbox_id: str) -> AsyncIterator[None]:
@@ -440,9 +440,9 @@ class SandboxService:
     async def delete(self, sandbox_id: str, caller: Caller) -> DeleteResponse:
         record = await self.get_record(sandbox_id, caller)
         if record.status == SandboxStatus.DELETED:
-            raise SandboxNotFound(f"sandbox {sandbox_id} was already deleted")
-        await self.end(sandbox_id, SandboxStatus.DELETED, "deleted by request")
-        return DeleteResponse(sandbox_id=sandbox_id)
+            return DeleteResponse(sandbox_id=sandbox_id, already_deleted=True)
+        ended = await self.end(sandbox_id, SandboxStatus.DELETED, "deleted by request")
+        return DeleteResponse(sandbox_id=sandbox_id, already_deleted=ended is None)
 
     async def end(
         self, sandbox_id: str, status: SandboxStatus, message: str

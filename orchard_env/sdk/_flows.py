@@ -233,7 +233,8 @@ def delete_sandbox(
 ) -> Flow[bool]:
     """Delete; True if it was deleted now, False if it was already gone (``missing_ok``).
 
-    A 404 after an attempt whose answer was lost means that attempt deleted it: True.
+    A 404, or ``already_deleted``, after an attempt whose answer was lost means that attempt
+    deleted it: True.
     """
     req = Send(
         "DELETE",
@@ -246,14 +247,17 @@ def delete_sandbox(
         error = error_from_response(outcome.response)
         if not isinstance(error, errors.SandboxNotFound):
             raise error
+    elif protocol.DeleteResponse.model_validate(json_body(outcome.response)).already_deleted:
+        error = errors.SandboxNotFound(f"sandbox {sandbox_id} was already deleted")
+    else:
         core.untrack(sandbox_id)
-        if outcome.maybe_sent_before:
-            return True
-        if not missing_ok:
-            raise error
-        return False
+        return True
     core.untrack(sandbox_id)
-    return True
+    if outcome.maybe_sent_before:
+        return True
+    if not missing_ok:
+        raise error
+    return False
 
 
 def heartbeat(core: ClientCore, sandbox_id: str) -> Flow[protocol.HeartbeatResponse]:

@@ -20,7 +20,7 @@ async def test_ttl_removes_a_sandbox_however_busy(
     clock.advance(50)
     await service.http.post("/sandboxes/short-lived/heartbeat")
     await reaper.run_pass()
-    assert await status(service, "short-lived") == ("ready", None)
+    assert await status(service, "short-lived") == ("ready", "")
     clock.advance(51)
     await reaper.run_pass()
     assert await status(service, "short-lived") == (

@@ -31,6 +31,7 @@ async def test_create_returns_upstream_fields_and_becomes_ready(
     assert created["cpu"] == "1"
     assert created["memory"] == "2Gi"
     assert created["block_network"] is True
+    assert (created["timeout"], created["status_message"]) == (20, "")  # the readiness timeout
     assert created["labels"] == {"team": "rl"}
     assert created["owner"] == service.admin.key_id if service.admin else None
     assert "box-1" in backend.sandboxes
@@ -161,15 +162,20 @@ async def test_delete_removes_the_container_and_keeps_the_record(
     info = await service.create(sandbox_id="gone-soon")
     response = await service.http.delete("/sandboxes/gone-soon")
     assert response.status_code == 200
-    assert response.json() == {"status": "deleted", "sandbox_id": "gone-soon"}
+    assert response.json() == {
+        "status": "deleted",
+        "sandbox_id": "gone-soon",
+        "already_deleted": False,
+    }
     assert "gone-soon" not in backend.sandboxes
     shown = (await service.http.get("/sandboxes/gone-soon")).json()
     assert shown["status"] == "deleted" and shown["ready"] is False
     assert shown["deleted_at"] is not None and shown["created_at"] == info["created_at"]
 
+    # Idempotent, as upstream's clients delete on exit (maybe after the reaper did).
     again = await service.http.delete("/sandboxes/gone-soon")
-    assert again.status_code == 404
-    assert detail(again)["message"] == "sandbox gone-soon was already deleted"
+    assert again.status_code == 200
+    assert again.json()["already_deleted"] is True
     run = await service.http.post("/sandboxes/gone-soon/exec", json={"command": "true"})
     assert run.status_code == 404
     assert detail(run)["message"] == "sandbox gone-soon was deleted: deleted by request"
@@ -250,5 +256,5 @@ async def test_heartbeat_extends_expiry(service: Service, clock: Any) -> None:
     response = await service.http.post("/sandboxes/beat/heartbeat")
     assert response.status_code == 200
     body = response.json()
-    assert body["status"] == "ok"
+    assert (body["status"], body["sandbox_id"]) == ("ok", "beat")
     assert body["expires_at"] > info["expires_at"] + 599

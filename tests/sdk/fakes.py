@@ -49,13 +49,14 @@ def default_runner(command: str | list[str]) -> Ran:
 @dataclass
 class FakeService:
     sandboxes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    deleted: set[str] = field(default_factory=set)  # tombstones: DELETE again answers 200
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     files: dict[tuple[str, str], bytes] = field(default_factory=dict)
     requests: list[httpx.Request] = field(default_factory=list)
     interceptors: list[Interceptor] = field(default_factory=list)
     runner: Callable[[str | list[str]], Ran] = default_runner
     ready_status: str = "ready"
-    status_message: str | None = None
+    status_message: str = ""
     running_views: int = 0  # how many times a new job still looks "running" before it is done
     executions: int = 0
     stream_events: list[dict[str, Any]] | None = None
@@ -112,12 +113,16 @@ class FakeService:
                 if all(sb["labels"].get(k) == v for k, v in labels)
             ]
             return httpx.Response(200, json={"sandboxes": found})
-        sandbox = self._sandbox(rest[0])
         sub = "/".join(rest[1:])
+        if method == "DELETE" and not sub and rest[0] in self.deleted:
+            body = {"status": "deleted", "sandbox_id": rest[0], "already_deleted": True}
+            return httpx.Response(200, json=body)
+        sandbox = self._sandbox(rest[0])
         if method == "GET" and not sub:
             return httpx.Response(200, json=sandbox)
         if method == "DELETE" and not sub:
             del self.sandboxes[rest[0]]
+            self.deleted.add(rest[0])
             return httpx.Response(200, json={"status": "deleted", "sandbox_id": rest[0]})
         if method == "GET" and sub == "wait":
             if sandbox["status"] == "pending":
@@ -129,7 +134,9 @@ class FakeService:
         if method == "POST" and sub == "exec/stream":
             return self._stream(rest[0], json.loads(request.content))
         if method == "POST" and sub == "heartbeat":
-            return httpx.Response(200, json={"status": "ok", "expires_at": None})
+            return httpx.Response(
+                200, json={"status": "ok", "sandbox_id": rest[0], "expires_at": None}
+            )
         if method == "POST" and sub == "apply_patch":
             body = json.loads(request.content)
             ok = body["patch"].startswith("---")
@@ -173,9 +180,10 @@ class FakeService:
         return self.sandboxes[sandbox_id]
 
     def _create(self, body: dict[str, Any]) -> httpx.Response:
-        sandbox_id = body.get("sandbox_id") or f"sb-{len(self.sandboxes):08x}"
+        sandbox_id = body.get("sandbox_id") or f"sb-{len(self.sandboxes) + len(self.deleted):08x}"
         if sandbox_id in self.sandboxes:
             raise errors.SandboxExists(f"sandbox {sandbox_id} already exists")
+        self.deleted.discard(sandbox_id)  # a deleted id can be used again
         self.sandboxes[sandbox_id] = {
             "sandbox_id": sandbox_id,
             "namespace": "local",
@@ -188,6 +196,7 @@ class FakeService:
             "ready": self.ready_status == "ready",
             "status": self.ready_status,
             "status_message": self.status_message,
+            "timeout": body.get("timeout", 3600),
             "labels": body.get("labels", {}),
         }
         return httpx.Response(

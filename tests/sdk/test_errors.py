@@ -70,6 +70,16 @@ def test_unknown_sandbox(client: SandboxClient) -> None:
     assert client.delete_sandbox("nope", missing_ok=True) is False
 
 
+def test_deleting_twice(client: SandboxClient) -> None:
+    sandbox = client.create_sandbox("python:3.11-slim", sandbox_id="twice")
+    assert client.delete_sandbox("twice") is True
+    # The server answers 200 with already_deleted (upstream's clients rely on a 2xx).
+    with pytest.raises(errors.SandboxNotFound, match=r"^sandbox twice was already deleted$"):
+        client.delete_sandbox("twice")
+    assert client.delete_sandbox("twice", missing_ok=True) is False
+    sandbox.delete()  # the handle's delete tolerates it
+
+
 def test_invalid_requests_are_refused_before_sending(
     client: SandboxClient, service: FakeService
 ) -> None:
