@@ -81,8 +81,8 @@ ProfileOpt = Annotated[
     Path | None,
     typer.Option(
         "--profile",
-        help="Deployment profile YAML (keys: region, sandbox_vm_size(s), spot, system_vm_size, "
-        "system_nodes, tier). Flags win over it.",
+        help="Deployment profile (what `orchard init` writes): its region, tier, pools, spot and "
+        "OS disk. Flags win over it.",
         exists=False,
         dir_okay=False,
     ),

@@ -142,6 +142,8 @@ def build_request(
             "system_vm_size": profile.system_vm_size,
             "system_nodes": profile.system_nodes,
             "tier": profile.tier,
+            "os_disk": profile.os_disk,
+            "max_pods": profile.max_pods,
         }
         values.update({k: v for k, v in profile_values.items() if v is not None})
     given = {k: v for k, v in options.items() if v is not None and v != []}

@@ -83,7 +83,9 @@ def test_estimate_markdown() -> None:
 
 def test_estimate_with_a_profile(tmp_path: Path) -> None:
     profile = tmp_path / "profile.yaml"
-    profile.write_text("sandbox_vm_size: Standard_D16as_v5\nspot: true\ntier: standard\n")
+    profile.write_text(
+        "azure:\n  tier: Standard\nsandbox_pool:\n  vm_size: Standard_D16as_v5\n  spot: true\n"
+    )
     data = json.loads(ok("estimate", *REFERENCE, "--profile", str(profile), "--json").stdout)
     assert data["chosen"]["sku"] == "Standard_D16as_v5"
     assert data["total_on_demand_usd"] is None
@@ -93,6 +95,7 @@ def test_estimate_with_a_profile(tmp_path: Path) -> None:
     result = invoke("estimate", *REFERENCE, "--profile", str(profile))
     assert isinstance(result.exception, ConfigError)
     assert result.exception.message == f"profile {profile}: unknown key 'zone'"
+    assert result.exception.hint == "`orchard init --print` shows every key with its default"
 
 
 @pytest.mark.parametrize(

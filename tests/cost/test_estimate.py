@@ -164,8 +164,8 @@ def test_flags_override_the_profile_which_overrides_defaults() -> None:
         sandbox_vm_size="Standard_D16as_v5",
         spot=True,
         system_nodes=1,
-        tier="Standard",
-    )  # type: ignore[arg-type]
+        tier="standard",
+    )
     result = run(profile)
     assert result.chosen.sku == "Standard_D16as_v5"
     assert result.request.pricing == "spot"
