@@ -377,6 +377,14 @@ class FileEntry(BaseModel):
     modified: datetime
 
 
+class FileList(BaseModel):
+    """``GET /sandboxes/{id}/files/list?path=``: upstream's shape. ``path`` is the one asked
+    for (the sandbox's workdir when none was); entries are sorted by name."""
+
+    path: str
+    files: list[FileEntry]
+
+
 class MkdirRequest(BaseModel):
     path: str
     parents: bool = True

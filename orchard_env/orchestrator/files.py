@@ -19,7 +19,7 @@ from orchard_env.orchestrator.sandboxes import SandboxService
 from orchard_env.protocol import (
     FileContent,
     FileDeleteResult,
-    FileEntry,
+    FileList,
     FileUpload,
     FileUploadResult,
     MkdirRequest,
@@ -81,9 +81,10 @@ class FileService:
         first = await anext(chunks, b"")
         return _chain(first, chunks)
 
-    async def list(self, sandbox_id: str, path: str | None, caller: Caller) -> list[FileEntry]:
-        _, agent = await self._agent(sandbox_id, caller)
-        return await agent.list_dir(path or ".")  # relative: the sandbox's workdir
+    async def list(self, sandbox_id: str, path: str | None, caller: Caller) -> FileList:
+        record, agent = await self._agent(sandbox_id, caller)
+        entries = await agent.list_dir(path or ".")  # relative: in the sandbox's workdir
+        return FileList(path=path or record.workdir, files=entries)
 
     async def delete(
         self, sandbox_id: str, path: str, recursive: bool, caller: Caller

@@ -582,9 +582,8 @@ def list_files(core: ClientCore, sandbox_id: str, remote_path: str) -> Flow[list
     data = yield from call(
         core, Send("GET", f"{_sandbox(sandbox_id)}/files/list", params=[("path", remote_path)])
     )
-    if isinstance(data, dict):  # upstream's shape: {"path": ..., "files": [...]}
-        data = data.get("files", [])
-    return [FileEntry.model_validate(item) for item in data]
+    listing = protocol.FileList.model_validate(data)
+    return [FileEntry.model_validate(entry, from_attributes=True) for entry in listing.files]
 
 
 def delete_file(core: ClientCore, sandbox_id: str, path: str, *, recursive: bool) -> Flow[None]:

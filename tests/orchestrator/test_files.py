@@ -94,15 +94,18 @@ async def test_list_delete_mkdir(service: Service) -> None:
 
     listed = await service.http.get(f"{base}/list")  # default: the workdir
     assert listed.status_code == 200
-    assert [(e["name"], e["type"]) for e in listed.json()] == [
+    assert listed.json()["path"] == "/workspace"
+    assert [(e["name"], e["type"]) for e in listed.json()["files"]] == [
         ("a", "directory"),
         ("top.txt", "file"),
     ]
     inner = (await service.http.get(f"{base}/list", params={"path": "a"})).json()
-    assert [(e["name"], e["type"], e["size"]) for e in inner if e["type"] == "file"] == [
+    assert inner["path"] == "a"  # as asked (relative: in the workdir)
+    files = inner["files"]
+    assert [(e["name"], e["type"], e["size"]) for e in files if e["type"] == "file"] == [
         ("file.txt", "file", 5)
     ]
-    assert all(set(e) == {"name", "type", "size", "modified"} for e in inner)
+    assert all(set(e) == {"name", "type", "size", "modified"} for e in files)
 
     exists = await service.http.post(f"{base}/mkdir", json={"path": "a", "parents": False})
     assert exists.status_code == 409
@@ -112,7 +115,7 @@ async def test_list_delete_mkdir(service: Service) -> None:
     deleted = await service.http.delete(base, params={"path": "a", "recursive": "true"})
     assert deleted.status_code == 200 and deleted.json() == {"deleted": "a"}
     remaining = (await service.http.get(f"{base}/list")).json()
-    assert [e["name"] for e in remaining] == ["top.txt"]
+    assert [e["name"] for e in remaining["files"]] == ["top.txt"]
 
 
 async def test_apply_patch(service: Service) -> None:

@@ -229,7 +229,7 @@ async def test_queued_jobs_wait_for_a_slot_and_cancel_without_running(service: S
     done = (await service.http.get(f"/jobs/{first['job_id']}/wait", params={"timeout": 10})).json()
     assert done["status"] == "succeeded"
     listing = (await service.http.get(f"/sandboxes/{sandbox_id}/files/list")).json()
-    assert "ran" not in [entry["name"] for entry in listing]
+    assert "ran" not in [entry["name"] for entry in listing["files"]]
 
 
 async def test_a_replayed_stream_skips_what_was_delivered() -> None:

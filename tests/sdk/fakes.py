@@ -166,7 +166,7 @@ class FakeService:
                 for (sid, p), data in self.files.items()
                 if sid == rest[0] and p.startswith(prefix)
             ]
-            return httpx.Response(200, json=entries)
+            return httpx.Response(200, json={"path": request.url.params["path"], "files": entries})
         if method == "DELETE" and sub == "files":
             self.files.pop((rest[0], request.url.params["path"]), None)
             return httpx.Response(200, json={"deleted": request.url.params["path"]})

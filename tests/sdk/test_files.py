@@ -12,7 +12,7 @@ import pytest
 from orchard_env import errors
 from orchard_env.sdk import Sandbox, SandboxClient
 from orchard_env.sdk._handle import CHUNK
-from tests.sdk.fakes import NOW, FakeService
+from tests.sdk.fakes import FakeService
 from tests.sdk.test_retries import fail_first
 
 
@@ -95,18 +95,6 @@ def test_list_files_entries_work_both_ways(sandbox: Sandbox, service: FakeServic
     assert entry.get("nope", "default") == "default"
     with pytest.raises(KeyError):
         entry["nope"]
-
-
-def test_list_files_accepts_upstreams_shape(sandbox: Sandbox, service: FakeService) -> None:
-    upstream = {
-        "path": "/",
-        "files": [{"name": "etc", "type": "directory", "size": 4096, "modified": NOW}],
-    }
-    service.interceptors.append(
-        fail_first("GET", "/files/list", response=httpx.Response(200, json=upstream))
-    )
-    (entry,) = sandbox.list_files("/")
-    assert (entry.name, entry.type) == ("etc", "directory")
 
 
 def test_delete_file_and_mkdir(sandbox: Sandbox, service: FakeService) -> None:

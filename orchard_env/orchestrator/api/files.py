@@ -12,7 +12,7 @@ from orchard_env.orchestrator.api.deps import CallerDep, OrchardDep
 from orchard_env.protocol import (
     FileContent,
     FileDeleteResult,
-    FileEntry,
+    FileList,
     FileUpload,
     FileUploadResult,
     MkdirRequest,
@@ -76,7 +76,7 @@ async def list_files(
     orchard: OrchardDep,
     caller: CallerDep,
     path: Annotated[str | None, Query(description="default: the sandbox's workdir")] = None,
-) -> list[FileEntry]:
+) -> FileList:
     return await orchard.files.list(sandbox_id, path, caller)
 
 
