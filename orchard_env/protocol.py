@@ -520,3 +520,138 @@ class PtyInit(BaseModel):
 PTY_CLIENT_TYPES = ("init", "stdin", "signal", "resize", "close")
 PTY_SERVER_TYPES = ("ready", "stdout", "exit", "error")
 PTY_SIGNALS = ("TERM", "KILL", "INT", "HUP", "QUIT")
+
+
+# --- snapshots, restore and fork (Orchard extension) ---------------------------------------
+
+MAX_FORK_COUNT = 64
+
+
+class SnapshotRequest(BaseModel):
+    """``POST /sandboxes/{id}/snapshot``: commit the sandbox's filesystem (not its processes)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, min_length=1, max_length=128)
+    labels: dict[str, str] = Field(default_factory=dict)
+    ttl_seconds: int | None = Field(
+        default=None, ge=1, description="delete it this long after it was taken; none: keep"
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_labels(v)
+
+
+class Snapshot(BaseModel):
+    """A sandbox's filesystem at one moment, and what a sandbox restored from it gets.
+
+    ``parent_snapshot`` is the snapshot the source sandbox was itself restored from, so
+    snapshots form a tree. ``size_bytes`` is what the snapshot adds on top of the image the
+    source sandbox ran (its own layer). ``cpu``, ``memory``, ``block_network``, ``workdir``,
+    ``env`` and ``sandbox_labels`` are the source sandbox's, kept by every restore.
+    """
+
+    snapshot_id: str
+    name: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    owner: str | None = None
+    source_sandbox: str
+    parent_snapshot: str | None = None
+    image: str
+    size_bytes: int
+    backend: str = ""
+    cpu: str
+    memory: str
+    block_network: bool
+    workdir: str
+    env: dict[str, str] = Field(default_factory=dict)
+    sandbox_labels: dict[str, str] = Field(default_factory=dict)
+    created_at: datetime
+    expires_at: datetime | None = None
+    deleted_at: datetime | None = None
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[Snapshot]
+
+
+class SnapshotDeleteResult(BaseModel):
+    """``DELETE /snapshots/{id}``: the snapshots deleted, children before their parents."""
+
+    deleted: list[str]
+
+
+class RestoreRequest(BaseModel):
+    """``POST /snapshots/{id}/restore``: a new sandbox from a snapshot, ready on return.
+
+    It keeps the source sandbox's resources, workdir, network setting, env and labels;
+    ``env`` and ``labels`` given here are added over the kept ones.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    sandbox_id: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout: int | None = Field(default=None, ge=1, le=86400)
+    ttl_seconds: int | None = Field(default=None, ge=1)
+    idle_timeout_seconds: int | None = Field(default=None, ge=1)
+
+    @field_validator("sandbox_id")
+    @classmethod
+    def _sandbox_id(cls, v: str | None) -> str | None:
+        return None if v is None else check_sandbox_id(v)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_labels(v)
+
+
+class ForkRequest(BaseModel):
+    """``POST /sandboxes/{id}/fork``: snapshot a sandbox and restore it ``count`` times,
+    concurrently. ``labels`` are added to every new sandbox's; ``sandbox_ids`` (optional)
+    names them, one per fork."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    count: int = Field(ge=1, le=MAX_FORK_COUNT)
+    labels: dict[str, str] = Field(default_factory=dict)
+    sandbox_ids: list[str] | None = None
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_labels(v)
+
+    @field_validator("sandbox_ids")
+    @classmethod
+    def _sandbox_ids(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        if v is None:
+            return None
+        for sandbox_id in v:
+            check_sandbox_id(sandbox_id)
+        if len(set(v)) != len(v):
+            raise ValueError("sandbox_ids must not repeat an id")
+        count = info.data.get("count")
+        if count is not None and len(v) != count:
+            raise ValueError(f"sandbox_ids names {len(v)} sandboxes but count is {count}")
+        return v
+
+
+class ForkFailure(BaseModel):
+    """One fork that did not come up: the error it raised, as on the wire."""
+
+    sandbox_id: str
+    code: str
+    message: str
+
+
+class ForkResult(BaseModel):
+    """The snapshot taken, the sandboxes that are ready, and every fork that failed."""
+
+    snapshot: Snapshot
+    sandboxes: list[SandboxInfo]
+    failures: list[ForkFailure] = Field(default_factory=list)

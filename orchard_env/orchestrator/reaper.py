@@ -1,4 +1,5 @@
-"""The reaper: one loop that reconciles with the backend and expires what should go."""
+"""The reaper: one loop that reconciles with the backend and expires what should go
+(sandboxes, and snapshots with their images)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from datetime import datetime, timedelta
 
 from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.sandboxes import SandboxService
+from orchard_env.orchestrator.snapshots import SnapshotService
 from orchard_env.orchestrator.store import Store
 
 log = logging.getLogger(__name__)
@@ -20,18 +22,22 @@ class Reaper:
         settings: ServiceSettings,
         store: Store,
         sandboxes: SandboxService,
+        snapshots: SnapshotService,
         clock: Callable[[], datetime],
     ) -> None:
         self.settings = settings
         self.store = store
         self.sandboxes = sandboxes
+        self.snapshots = snapshots
         self.clock = clock
 
     async def run_pass(self, now: datetime | None = None) -> None:
-        """One pass: reconcile; TTL, idle and readiness expiry; purge old jobs and records."""
+        """One pass: reconcile; TTL, idle and readiness expiry; snapshot collection; purge
+        old jobs and records."""
         now = now or self.clock()
         await self.sandboxes.reconcile()
         await self.sandboxes.expire(now)
+        await self.snapshots.collect(now)
         cutoff = now - timedelta(seconds=self.settings.job_retention_seconds)
         purged_jobs = await self.store.purge_jobs(cutoff)
         purged_sandboxes = await self.store.purge_sandboxes(cutoff)

@@ -20,6 +20,7 @@ from orchard_env.protocol import (
     KeyInfo,
     SandboxInfo,
     SandboxStatus,
+    Snapshot,
     format_memory,
 )
 
@@ -186,3 +187,59 @@ class UsageRow(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     started_at: datetime
     ended_at: datetime | None = None
+
+
+class SnapshotRecord(BaseModel):
+    """A snapshot, and what became of it: deleted (by request or TTL) first, its image
+    removed later, once no sandbox uses it any more."""
+
+    snapshot_id: str
+    name: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    owner: str | None = None
+    source_sandbox: str
+    parent_snapshot: str | None = None
+    image: str
+    size_bytes: int
+    backend: str = ""
+    # what a sandbox restored from it gets: the source sandbox's
+    cpu: float
+    memory_bytes: int
+    block_network: bool
+    workdir: str
+    env: dict[str, str] = Field(default_factory=dict)
+    sandbox_labels: dict[str, str] = Field(default_factory=dict)
+    created_at: datetime
+    ttl_seconds: int = 0  # 0 = kept until deleted
+    deleted_at: datetime | None = None
+    deleted_reason: str | None = None
+    image_removed_at: datetime | None = None
+
+    @property
+    def deleted(self) -> bool:
+        return self.deleted_at is not None
+
+    def expires_at(self) -> datetime | None:
+        return self.created_at + timedelta(seconds=self.ttl_seconds) if self.ttl_seconds else None
+
+    def to_wire(self) -> Snapshot:
+        return Snapshot(
+            snapshot_id=self.snapshot_id,
+            name=self.name,
+            labels=self.labels,
+            owner=self.owner,
+            source_sandbox=self.source_sandbox,
+            parent_snapshot=self.parent_snapshot,
+            image=self.image,
+            size_bytes=self.size_bytes,
+            backend=self.backend,
+            cpu=f"{self.cpu:g}",
+            memory=format_memory(self.memory_bytes),
+            block_network=self.block_network,
+            workdir=self.workdir,
+            env=self.env,
+            sandbox_labels=self.sandbox_labels,
+            created_at=self.created_at,
+            expires_at=None if self.deleted else self.expires_at(),
+            deleted_at=self.deleted_at,
+        )

@@ -199,7 +199,15 @@ class SandboxService:
             )
         return cpu, memory
 
-    async def create(self, request: CreateSandboxRequest, caller: Caller) -> SandboxInfo:
+    async def create(
+        self,
+        request: CreateSandboxRequest,
+        caller: Caller,
+        *,
+        source_snapshot: str | None = None,
+    ) -> SandboxInfo:
+        """Start a sandbox (``source_snapshot``: restored from that snapshot, whose image
+        ``request.image`` names); readiness follows in the background."""
         cpu, memory = self._size(request)
         sandbox_id = request.sandbox_id or new_sandbox_id()
         now = self.clock()
@@ -219,6 +227,7 @@ class SandboxService:
             idle_timeout_seconds=request.idle_timeout_seconds or self.settings.idle_timeout_seconds,
             last_activity_at=now,
             backend=self.backend.name,
+            source_snapshot=source_snapshot,
         )
         if sandbox_id in self._creating:
             raise self._exists(sandbox_id)

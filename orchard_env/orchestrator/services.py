@@ -13,6 +13,7 @@ from orchard_env.orchestrator.files import FileService
 from orchard_env.orchestrator.jobs import JobService
 from orchard_env.orchestrator.reaper import Reaper
 from orchard_env.orchestrator.sandboxes import SandboxService
+from orchard_env.orchestrator.snapshots import SnapshotService
 from orchard_env.orchestrator.store import Store
 
 
@@ -24,6 +25,7 @@ class Orchard:
     agents: AgentPool
     sandboxes: SandboxService
     jobs: JobService
+    snapshots: SnapshotService
     files: FileService
     reaper: Reaper
     clock: Callable[[], datetime]
@@ -39,6 +41,7 @@ class Orchard:
         agents = AgentPool()
         sandboxes = SandboxService(settings, store, backend, agents, clock)
         jobs = JobService(settings, store, sandboxes, agents, clock)
+        snapshots = SnapshotService(settings, store, backend, sandboxes, clock)
         return cls(
             settings=settings,
             store=store,
@@ -46,8 +49,9 @@ class Orchard:
             agents=agents,
             sandboxes=sandboxes,
             jobs=jobs,
+            snapshots=snapshots,
             files=FileService(sandboxes, agents),
-            reaper=Reaper(settings, store, sandboxes, clock),
+            reaper=Reaper(settings, store, sandboxes, snapshots, clock),
             clock=clock,
         )
 

@@ -1,4 +1,4 @@
-"""The orchestrator's state: sandboxes, jobs, API keys and usage, behind one interface.
+"""The orchestrator's state: sandboxes, jobs, snapshots, keys and usage, behind one interface.
 
 :class:`Store` is the contract (SQLite today; Redis when several replicas run).
 :class:`SQLiteStore` keeps one connection on one dedicated thread, so every call is serialised
@@ -22,7 +22,13 @@ from typing import Any, Protocol, TypeVar
 
 from orchard_env.config import ServiceSettings
 from orchard_env.errors import ConfigError
-from orchard_env.orchestrator.records import JobRecord, KeyRecord, SandboxRecord, UsageRow
+from orchard_env.orchestrator.records import (
+    JobRecord,
+    KeyRecord,
+    SandboxRecord,
+    SnapshotRecord,
+    UsageRow,
+)
 from orchard_env.protocol import ExecRequest, JobStatus, SandboxStatus
 
 T = TypeVar("T")
@@ -100,6 +106,24 @@ class Store(Protocol):
         """Rows overlapping [since, until]; ``owner`` None means every owner."""
         ...
 
+    # snapshots
+    async def insert_snapshot(self, record: SnapshotRecord) -> None: ...
+
+    async def put_snapshot(self, record: SnapshotRecord) -> None: ...
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None: ...
+
+    async def list_snapshots(
+        self, *, owner: str | None = None, include_deleted: bool = False
+    ) -> list[SnapshotRecord]:
+        """Oldest first (parents before their children); ``owner`` None means every owner."""
+        ...
+
+    async def purge_snapshots(self, deleted_before: datetime) -> int:
+        """Forget deleted snapshots whose image is gone, deleted before ``deleted_before``,
+        that no other snapshot names as its parent."""
+        ...
+
 
 # --- SQLite --------------------------------------------------------------------------------
 
@@ -162,6 +186,20 @@ _MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN cancelled INTEGER NOT NULL DEFAULT 0;
     UPDATE jobs SET status = 'failed', cancelled = 1 WHERE status = 'cancelled';
     UPDATE jobs SET status = 'failed', timed_out = 1 WHERE status = 'timeout';
+    """,
+    # 3: snapshots
+    """
+    CREATE TABLE snapshots (
+        id TEXT PRIMARY KEY,
+        owner TEXT,
+        parent_id TEXT,
+        created_at TEXT NOT NULL,
+        deleted_at TEXT,
+        image_removed INTEGER NOT NULL DEFAULT 0,
+        record TEXT NOT NULL
+    );
+    CREATE INDEX snapshots_owner ON snapshots(owner);
+    CREATE INDEX snapshots_parent ON snapshots(parent_id);
     """,
 )
 
@@ -623,6 +661,75 @@ class SQLiteStore:
             params.append(owner)
         rows = self._db.execute(sql + " ORDER BY started_at, id", params).fetchall()
         return [_usage_from_row(row) for row in rows]
+
+    # -- snapshots --
+
+    @staticmethod
+    def _snapshot_params(r: SnapshotRecord) -> tuple[Any, ...]:
+        return (
+            r.snapshot_id,
+            r.owner,
+            r.parent_snapshot,
+            _ts(r.created_at),
+            _opt_ts(r.deleted_at),
+            int(r.image_removed_at is not None),
+            r.model_dump_json(),
+        )
+
+    _SNAPSHOT_UPSERT = (
+        "INSERT {} INTO snapshots "
+        "(id, owner, parent_id, created_at, deleted_at, image_removed, record) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)"
+    )
+
+    async def insert_snapshot(self, record: SnapshotRecord) -> None:
+        await self._call(self._write_snapshot, "", record)
+
+    async def put_snapshot(self, record: SnapshotRecord) -> None:
+        await self._call(self._write_snapshot, "OR REPLACE", record)
+
+    def _write_snapshot(self, verb: str, record: SnapshotRecord) -> None:
+        self._db.execute(self._SNAPSHOT_UPSERT.format(verb), self._snapshot_params(record))
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
+        return await self._call(self._get_snapshot, snapshot_id)
+
+    def _get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
+        row = self._db.execute(
+            "SELECT record FROM snapshots WHERE id = ?", (snapshot_id,)
+        ).fetchone()
+        return None if row is None else SnapshotRecord.model_validate_json(row["record"])
+
+    async def list_snapshots(
+        self, *, owner: str | None = None, include_deleted: bool = False
+    ) -> list[SnapshotRecord]:
+        return await self._call(self._list_snapshots, owner, include_deleted)
+
+    def _list_snapshots(self, owner: str | None, include_deleted: bool) -> list[SnapshotRecord]:
+        clauses, params = [], []
+        if owner is not None:
+            clauses.append("owner = ?")
+            params.append(owner)
+        if not include_deleted:
+            clauses.append("deleted_at IS NULL")
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self._db.execute(
+            f"SELECT record FROM snapshots {where} ORDER BY created_at, id",  # noqa: S608
+            params,
+        ).fetchall()
+        return [SnapshotRecord.model_validate_json(row["record"]) for row in rows]
+
+    async def purge_snapshots(self, deleted_before: datetime) -> int:
+        return await self._call(self._purge_snapshots, deleted_before)
+
+    def _purge_snapshots(self, deleted_before: datetime) -> int:
+        cursor = self._db.execute(
+            "DELETE FROM snapshots WHERE image_removed = 1 AND deleted_at IS NOT NULL "
+            "AND deleted_at < ? AND id NOT IN "
+            "(SELECT parent_id FROM snapshots WHERE parent_id IS NOT NULL)",
+            (_ts(deleted_before),),
+        )
+        return cursor.rowcount
 
 
 @asynccontextmanager

@@ -9,7 +9,12 @@ what an engine does that a host process cannot show by itself:
 * image ``hang/image``: a container that runs but whose agent never starts;
 * image ``crash/image``: a container that exits at once (exit code 1);
 * :meth:`AgentProcessBackend.kill`: a container that dies later (e.g. OOMKilled, 137);
-* it outlives apps: a new app on the same backend adopts or re-attaches.
+* it outlives apps: a new app on the same backend adopts or re-attaches;
+* snapshots: a copy of the sandbox's workspace directory, image ``fake/snapshots:<id>``; a
+  sandbox created from that image starts with a copy of it (a fresh agent: no processes
+  carried over), and the copy cannot be removed while such a sandbox exists, as an engine
+  refuses to remove an image a container uses;
+* ``fail_creates``: sandbox ids whose create fails with the engine-like reason given.
 """
 
 from __future__ import annotations
@@ -27,19 +32,21 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from orchard_env.agent import server as agent_server
-from orchard_env.errors import ImageNotFound, SandboxExists
+from orchard_env.errors import ImageNotFound, OrchardError, SandboxExists, SandboxNotFound
 from orchard_env.orchestrator.backends.base import (
     AgentEndpoint,
     BackendSandbox,
     Capability,
     SandboxSpec,
     SandboxState,
+    SnapshotImage,
 )
 
 AGENT_SERVER = Path(agent_server.__file__)
 MISSING_IMAGE = "missing/image"
 HANG_IMAGE = "hang/image"
 CRASH_IMAGE = "crash/image"
+SNAPSHOT_REPOSITORY = "fake/snapshots"
 
 
 @dataclass
@@ -69,11 +76,13 @@ class FakeSandbox:
 @dataclass
 class AgentProcessBackend:
     name: str = "fake"
-    capabilities: frozenset[Capability] = frozenset({Capability.PTY})
+    capabilities: frozenset[Capability] = frozenset({Capability.PTY, Capability.SNAPSHOT})
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="orch-")))
     sandboxes: dict[str, FakeSandbox] = field(default_factory=dict)
     creates: int = 0
     deletes: list[str] = field(default_factory=list)
+    snapshots: dict[str, Path] = field(default_factory=dict)  # image ref -> workspace copy
+    fail_creates: dict[str, str] = field(default_factory=dict)  # sandbox id -> reason
 
     # --- Backend Protocol --------------------------------------------------------------
 
@@ -84,10 +93,23 @@ class AgentProcessBackend:
                 f"image {spec.image} is not present locally and could not be pulled: "
                 "repository does not exist or may require authorization"
             )
+        if spec.image.startswith(f"{SNAPSHOT_REPOSITORY}:") and spec.image not in self.snapshots:
+            raise ImageNotFound(f"image {spec.image} is not present locally")
+        if spec.sandbox_id in self.fail_creates:
+            raise OrchardError(
+                f"the engine could not create sandbox {spec.sandbox_id!r}: "
+                f"{self.fail_creates[spec.sandbox_id]}"
+            )
         if spec.sandbox_id in self.sandboxes:
             raise SandboxExists(f"a container for sandbox {spec.sandbox_id} already exists")
         root = self.root / spec.sandbox_id
-        (root / "workspace").mkdir(parents=True)
+        if spec.image in self.snapshots:
+            root.mkdir(parents=True)
+            await asyncio.to_thread(
+                shutil.copytree, self.snapshots[spec.image], root / "workspace", symlinks=True
+            )
+        else:
+            (root / "workspace").mkdir(parents=True)
         endpoint = AgentEndpoint(token=spec.agent_token, uds=str(root / "agent.sock"))
         process = await asyncio.to_thread(self._spawn, spec, endpoint, root)
         sandbox = FakeSandbox(
@@ -113,6 +135,27 @@ class AgentProcessBackend:
             return
         self.deletes.append(sandbox_id)
         await asyncio.to_thread(self._stop, sandbox)
+
+    async def snapshot(
+        self, sandbox_id: str, snapshot_id: str, *, parent: str | None = None
+    ) -> SnapshotImage:
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None or sandbox.state()[0] != SandboxState.RUNNING:
+            raise SandboxNotFound(f"sandbox {sandbox_id!r} has no running container")
+        ref = f"{SNAPSHOT_REPOSITORY}:{snapshot_id}"
+        copy = self.root / "snapshots" / snapshot_id
+        await asyncio.to_thread(shutil.copytree, sandbox.workdir, copy, symlinks=True)
+        self.snapshots[ref] = copy
+        size = sum(path.stat().st_size for path in copy.rglob("*") if path.is_file())
+        return SnapshotImage(ref=ref, size_bytes=size)
+
+    async def delete_snapshot(self, ref: str) -> bool:
+        if any(sandbox.spec.image == ref for sandbox in self.sandboxes.values()):
+            return False  # an engine refuses to remove an image a container uses
+        copy = self.snapshots.pop(ref, None)
+        if copy is not None:
+            await asyncio.to_thread(shutil.rmtree, copy)
+        return True
 
     async def close(self) -> None:
         """Apps do not own this backend: its sandboxes outlive them (see :meth:`shutdown`)."""

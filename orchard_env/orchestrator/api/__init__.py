@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from orchard_env.orchestrator.api import files, health, jobs, keys, pty, sandboxes, usage
+from orchard_env.orchestrator.api import (
+    files,
+    health,
+    jobs,
+    keys,
+    pty,
+    sandboxes,
+    snapshots,
+    usage,
+)
 
 
 def router() -> APIRouter:
     root = APIRouter()
-    for module in (health, sandboxes, jobs, files, pty, keys, usage):
+    for module in (health, sandboxes, snapshots, jobs, files, pty, keys, usage):
         root.include_router(module.router)
     return root

@@ -75,6 +75,14 @@ class BackendSandbox:
     record_annotation: str | None = None
 
 
+@dataclass(frozen=True)
+class SnapshotImage:
+    """A committed sandbox filesystem: an image a new sandbox can be created from."""
+
+    ref: str  # what SandboxSpec.image names to restore it
+    size_bytes: int  # what it adds on top of the image the sandbox ran (its own layer)
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Lifecycle of sandboxes on one substrate.
@@ -90,6 +98,13 @@ class Backend(Protocol):
       backend made for the sandbox (container/pod, per-sandbox directory, policies).
     * ``list`` returns every sandbox this orchestrator instance owns (by label), including
       ones it has no record of, so reconciliation can adopt them.
+    * ``snapshot`` (backends with :attr:`Capability.SNAPSHOT`; the others raise
+      :class:`~orchard_env.errors.NotSupported`) commits a running sandbox's filesystem,
+      without the agent's mounts, to an image; running processes are not part of it. A
+      restore is a ``create`` whose ``SandboxSpec.image`` is the snapshot's ``ref``.
+    * ``delete_snapshot`` removes a snapshot's image and returns True once it is gone
+      (already gone included), or False while the engine still refuses because something
+      uses it (the caller retries later). It never removes anything that uses the image.
     """
 
     name: str
@@ -102,5 +117,11 @@ class Backend(Protocol):
     async def list(self) -> list[BackendSandbox]: ...
 
     async def delete(self, sandbox_id: str) -> None: ...
+
+    async def snapshot(
+        self, sandbox_id: str, snapshot_id: str, *, parent: str | None = None
+    ) -> SnapshotImage: ...
+
+    async def delete_snapshot(self, ref: str) -> bool: ...
 
     async def close(self) -> None: ...

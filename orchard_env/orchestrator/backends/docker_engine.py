@@ -9,6 +9,12 @@ Docker and with Podman's Docker-compatible API socket. Per sandbox it makes:
   works, even one without a shell or Python;
 * a host directory ``<sandboxes_dir>/<sandbox_id>/`` mounted at ``/run/orchard``, where the
   agent listens on a unix socket: reachable from the host even with no network at all.
+
+A snapshot is the container committed (paused for the moment it takes) to an image
+``localhost/orchard/snapshots:<snapshot id>``: its writable layer over the image it runs, so
+the image's layers are shared, not copied. Bind mounts (the agent bundle, ``/run/orchard``)
+are not part of a commit; the agent's secret and the source's record are blanked in the
+image's config. Containers restored from it share its layers too.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from orchard_env.orchestrator.backends.base import (
     Capability,
     SandboxSpec,
     SandboxState,
+    SnapshotImage,
 )
 from orchard_env.protocol import check_sandbox_id
 
@@ -59,6 +66,10 @@ LABEL_SANDBOX_ID = "orchard.sandbox-id"
 LABEL_OWNER = "orchard.owner"
 LABEL_RECORD = "orchard.record"
 USER_LABEL_PREFIX = "orchard.label."
+LABEL_SNAPSHOT_ID = "orchard.snapshot-id"
+LABEL_SNAPSHOT_PARENT = "orchard.snapshot-parent"
+LABEL_SOURCE_SANDBOX = "orchard.source-sandbox"
+SNAPSHOT_REPOSITORY = "localhost/orchard/snapshots"
 TOKEN_ENV = "ORCHARD_AGENT_TOKEN"  # noqa: S105 - the variable's name, not a secret
 WORKDIR_ENV = "ORCHARD_AGENT_WORKDIR"
 
@@ -171,7 +182,7 @@ class DockerEngineBackend:
     """Sandboxes as containers on the local Docker or Podman engine."""
 
     name = "docker"
-    capabilities = frozenset({Capability.NETWORK_ISOLATION, Capability.PTY})
+    capabilities = frozenset({Capability.NETWORK_ISOLATION, Capability.PTY, Capability.SNAPSHOT})
 
     def __init__(
         self,
@@ -269,6 +280,11 @@ class DockerEngineBackend:
         try:
             self._client.images.get(image)
         except docker.errors.ImageNotFound:
+            if image.startswith(f"{SNAPSHOT_REPOSITORY}:"):  # made here, never pulled
+                raise errors.ImageNotFound(
+                    f"snapshot image {image!r} is no longer on this machine's engine",
+                    hint="it was removed outside Orchard; take a new snapshot",
+                ) from None
             reason = self._pull(image)
             if reason is not None:
                 raise errors.ImageNotFound(
@@ -447,6 +463,59 @@ class DockerEngineBackend:
                 hint=f"remove it by hand: rm -rf {run_dir}",
             ) from exc
 
+    # -- snapshots --------------------------------------------------------------------------
+
+    def _snapshot(self, sandbox_id: str, snapshot_id: str, parent: str | None) -> SnapshotImage:
+        container = self._get(self._container_name(sandbox_id))
+        if container is None:
+            raise errors.SandboxNotFound(f"sandbox {sandbox_id!r} has no container to snapshot")
+        base = self._client.images.get(container.attrs["Image"])
+        base_config: dict[str, Any] = base.attrs.get("Config") or {}
+        changes = [
+            f"LABEL {LABEL_SNAPSHOT_ID}={snapshot_id}",
+            f"LABEL {LABEL_SOURCE_SANDBOX}={sandbox_id}",
+            f"LABEL {LABEL_INSTANCE}={self._settings.instance}",
+            f"LABEL {LABEL_RECORD}=",  # the source's record (its env) stays with the source
+            f"ENV {TOKEN_ENV}=",  # so does its agent's secret
+            # The image's own entrypoint and command, not the agent launcher's.
+            f"ENTRYPOINT {json.dumps(base_config.get('Entrypoint') or [])}",
+            f"CMD {json.dumps(base_config.get('Cmd') or [])}",
+        ]
+        if parent is not None:
+            changes.append(f"LABEL {LABEL_SNAPSHOT_PARENT}={parent}")
+        try:
+            image = container.commit(
+                repository=SNAPSHOT_REPOSITORY, tag=snapshot_id, pause=True, changes=changes
+            )
+        except docker.errors.NotFound as exc:
+            raise errors.SandboxNotFound(
+                f"sandbox {sandbox_id!r} disappeared while it was being snapshotted"
+            ) from exc
+        except docker.errors.APIError as exc:
+            raise errors.OrchardError(
+                f"the engine could not snapshot sandbox {sandbox_id!r}: {_explanation(exc)}"
+            ) from exc
+        added = int(image.attrs.get("Size") or 0) - int(base.attrs.get("Size") or 0)
+        return SnapshotImage(ref=f"{SNAPSHOT_REPOSITORY}:{snapshot_id}", size_bytes=max(added, 0))
+
+    def _delete_snapshot(self, ref: str) -> bool:
+        if not ref.startswith(f"{SNAPSHOT_REPOSITORY}:"):
+            raise errors.InvalidRequest(
+                f"{ref!r} is not a snapshot image (they are {SNAPSHOT_REPOSITORY}:<id>)"
+            )
+        try:
+            # Never force: Podman would remove the containers that use the image with it.
+            self._client.images.remove(ref, force=False, noprune=False)
+        except docker.errors.NotFound:
+            return True
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # a container (or a child image on Docker) uses it
+                return False
+            raise errors.OrchardError(
+                f"the engine could not remove snapshot image {ref!r}: {_explanation(exc)}"
+            ) from exc
+        return True
+
     # -- the Backend protocol ---------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> BackendSandbox:
@@ -460,6 +529,14 @@ class DockerEngineBackend:
 
     async def delete(self, sandbox_id: str) -> None:
         await self._call(self._delete, sandbox_id)
+
+    async def snapshot(
+        self, sandbox_id: str, snapshot_id: str, *, parent: str | None = None
+    ) -> SnapshotImage:
+        return await self._call(self._snapshot, sandbox_id, snapshot_id, parent)
+
+    async def delete_snapshot(self, ref: str) -> bool:
+        return await self._call(self._delete_snapshot, ref)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._client.close)

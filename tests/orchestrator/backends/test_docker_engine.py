@@ -103,7 +103,11 @@ def _container(client: docker.DockerClient, settings: ServiceSettings, sandbox_i
 
 
 def test_capabilities() -> None:
-    assert DockerEngineBackend.capabilities == {Capability.NETWORK_ISOLATION, Capability.PTY}
+    assert DockerEngineBackend.capabilities == {
+        Capability.NETWORK_ISOLATION,
+        Capability.PTY,
+        Capability.SNAPSHOT,
+    }
 
 
 async def test_busybox_sandbox_runs_the_agent_with_labels_and_limits(

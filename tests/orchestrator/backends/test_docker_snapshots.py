@@ -1,0 +1,228 @@
+"""DockerEngineBackend snapshots against the real engine (Podman here): commit, restore,
+independence of forks, lineage labels, what is not in the image, and image removal."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import docker
+import pytest
+
+from orchard_env import errors
+from orchard_env.agent.client import AgentClient, Exit, Output
+from orchard_env.config import ServiceSettings, service_settings
+from orchard_env.orchestrator.backends.base import (
+    BackendSandbox,
+    Capability,
+    SandboxSpec,
+)
+from orchard_env.orchestrator.backends.docker_engine import (
+    LABEL_INSTANCE,
+    SNAPSHOT_REPOSITORY,
+    DockerEngineBackend,
+)
+
+pytestmark = pytest.mark.engine
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def settings(tmp_path_factory: pytest.TempPathFactory, engine_instance: str) -> ServiceSettings:
+    # Short state dir (agent socket path limit); an instance of its own, so the images this
+    # module leaves behind on failure can be found and removed.
+    return service_settings(
+        state_dir=tmp_path_factory.mktemp("sn"), instance=f"{engine_instance}-snap"
+    )
+
+
+def remove_snapshot_images(client: docker.DockerClient, instance: str) -> list[str]:
+    """Remove this instance's snapshot images; return their tags."""
+    tags = []
+    for image in client.images.list(filters={"label": f"{LABEL_INSTANCE}={instance}"}):
+        for tag in image.tags:
+            if tag.startswith(f"{SNAPSHOT_REPOSITORY}:"):
+                tags.append(tag)
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                    client.images.remove(tag)
+    return tags
+
+
+@pytest.fixture
+def leftovers(
+    docker_client: docker.DockerClient, settings: ServiceSettings
+) -> Iterator[Callable[[], list[str]]]:
+    """What the engine still holds for this instance: containers and snapshot images."""
+
+    def held() -> list[str]:
+        containers = docker_client.containers.list(
+            all=True, filters={"label": f"{LABEL_INSTANCE}={settings.instance}"}
+        )
+        images = docker_client.images.list(
+            filters={"label": f"{LABEL_INSTANCE}={settings.instance}"}
+        )
+        return [c.name for c in containers] + [t for i in images for t in i.tags]
+
+    yield held
+    remove_snapshot_images(docker_client, settings.instance)
+
+
+@pytest.fixture
+async def backend(
+    settings: ServiceSettings, agent_bundle: Path, leftovers: Callable[[], list[str]]
+) -> AsyncIterator[DockerEngineBackend]:
+    opened = DockerEngineBackend(settings, bundle_dir=agent_bundle)
+    try:
+        yield opened
+    finally:
+        for sandbox in await opened.list():
+            await opened.delete(sandbox.sandbox_id)
+        await opened.close()
+
+
+@pytest.fixture
+def spec(busybox_image: str) -> Callable[..., SandboxSpec]:
+    def make(**overrides: Any) -> SandboxSpec:
+        values: dict[str, Any] = {
+            "sandbox_id": f"s-{uuid4().hex[:10]}",
+            "image": busybox_image,
+            "cpu": 0.5,
+            "memory_bytes": 256 * MiB,
+            "block_network": True,
+            "workdir": "/workspace",
+            "agent_token": secrets.token_urlsafe(24),
+        }
+        return SandboxSpec(**{**values, **overrides})
+
+    return make
+
+
+async def run(sandbox: BackendSandbox, command: str) -> str:
+    """Run ``command`` with the image's sh through the agent; its output (must exit 0)."""
+    assert sandbox.agent is not None and sandbox.agent.uds is not None
+    output = b""
+    async with AgentClient(token=sandbox.agent.token, uds=sandbox.agent.uds) as agent:
+        await agent.wait_ready(30)
+        async for event in agent.exec(uuid4().hex, command, timeout=60):
+            if isinstance(event, Output):
+                output += event.data
+            elif isinstance(event, Exit):
+                assert event.exit_code == 0, output.decode()
+                return output.decode()
+    raise AssertionError("the agent's stream ended without an exit event")
+
+
+def test_the_engine_backend_can_snapshot() -> None:
+    assert Capability.SNAPSHOT in DockerEngineBackend.capabilities
+
+
+async def test_restore_gets_the_files_of_the_moment_of_the_snapshot(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    docker_client: docker.DockerClient,
+    busybox_image: str,
+    settings: ServiceSettings,
+) -> None:
+    source_spec = spec(env={"MODE": "train"})
+    source = await backend.create(source_spec)
+    await run(source, "echo v1 > /workspace/state.txt && head -c 100000 /dev/zero > /tmp/pad")
+    snapshot_id = f"snap-{secrets.token_hex(6)}"
+    image = await backend.snapshot(source.sandbox_id, snapshot_id)
+    assert image.ref == f"{SNAPSHOT_REPOSITORY}:{snapshot_id}"
+    assert 100_000 <= image.size_bytes < 1_000_000  # its own layer, not the base image again
+    await run(source, "echo v2 > /workspace/state.txt")
+
+    restored = await backend.create(spec(image=image.ref))
+    assert await run(restored, "cat /workspace/state.txt") == "v1\n"
+    assert await run(source, "cat /workspace/state.txt") == "v2\n"
+
+    committed = docker_client.images.get(image.ref)
+    config = committed.attrs["Config"]
+    base = docker_client.images.get(busybox_image).attrs["Config"]
+    assert config["Labels"]["orchard.snapshot-id"] == snapshot_id
+    assert config["Labels"]["orchard.source-sandbox"] == source.sandbox_id
+    assert config["Labels"][LABEL_INSTANCE] == settings.instance
+    assert config["Labels"]["orchard.record"] == ""
+    assert "orchard.snapshot-parent" not in config["Labels"]
+    assert "ORCHARD_AGENT_TOKEN=" in config["Env"]  # blanked: the secret is not in it
+    assert not any(source_spec.agent_token in item for item in config["Env"])
+    assert (config.get("Entrypoint") or []) == (base.get("Entrypoint") or [])
+    assert (config.get("Cmd") or []) == (base.get("Cmd") or [])
+
+
+async def test_the_agent_and_its_socket_directory_are_not_in_the_image(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    docker_client: docker.DockerClient,
+) -> None:
+    source = await backend.create(spec())
+    await run(source, "echo hi > /workspace/x")
+    image = await backend.snapshot(source.sandbox_id, f"snap-{secrets.token_hex(6)}")
+    # Run the bare image, without Orchard's mounts: the mount points are empty directories.
+    listing = docker_client.containers.run(
+        image.ref,
+        entrypoint=["/bin/sh", "-c"],
+        command=["ls -A /opt/orchard-agent /run/orchard; cat /workspace/x"],
+        remove=True,
+        network_mode="none",
+    )
+    assert listing.decode() == "/opt/orchard-agent:\n\n/run/orchard:\nhi\n"
+
+
+async def test_restores_are_independent_and_lineage_is_labelled(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    docker_client: docker.DockerClient,
+) -> None:
+    source = await backend.create(spec())
+    await run(source, "echo base > /workspace/state.txt")
+    parent_id = f"snap-{secrets.token_hex(6)}"
+    parent = await backend.snapshot(source.sandbox_id, parent_id)
+    forks = [await backend.create(spec(image=parent.ref)) for _ in range(3)]
+    for index, fork in enumerate(forks):
+        await run(fork, f"echo fork-{index} > /workspace/state.txt")
+    for index, fork in enumerate(forks):
+        assert await run(fork, "cat /workspace/state.txt") == f"fork-{index}\n"
+    child = await backend.snapshot(
+        forks[0].sandbox_id, f"snap-{secrets.token_hex(6)}", parent=parent_id
+    )
+    labels = docker_client.images.get(child.ref).attrs["Config"]["Labels"]
+    assert labels["orchard.snapshot-parent"] == parent_id
+    assert child.size_bytes < 100_000  # only what changed since the restore
+    grandchild = await backend.create(spec(image=child.ref))
+    assert await run(grandchild, "cat /workspace/state.txt") == "fork-0\n"
+
+
+async def test_an_image_in_use_is_kept_and_deleting_everything_leaves_nothing(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    leftovers: Callable[[], list[str]],
+) -> None:
+    source = await backend.create(spec())
+    parent = await backend.snapshot(source.sandbox_id, f"snap-{secrets.token_hex(6)}")
+    restored = await backend.create(spec(image=parent.ref))
+    child = await backend.snapshot(restored.sandbox_id, f"snap-{secrets.token_hex(6)}")
+    assert await backend.delete_snapshot(parent.ref) is False  # a container runs on it
+    await backend.delete(restored.sandbox_id)
+    assert await backend.delete_snapshot(parent.ref) is True  # the child image keeps its layers
+    grandchild = await backend.create(spec(image=child.ref))
+    await run(grandchild, "true")
+    await backend.delete(grandchild.sandbox_id)
+    await backend.delete(source.sandbox_id)
+    assert await backend.delete_snapshot(child.ref) is True
+    assert await backend.delete_snapshot(child.ref) is True  # already gone: quiet
+    assert leftovers() == []
+    with pytest.raises(errors.ImageNotFound, match="is no longer on this machine's engine"):
+        await backend.create(spec(image=child.ref))
+
+
+async def test_snapshot_errors(backend: DockerEngineBackend) -> None:
+    with pytest.raises(errors.SandboxNotFound, match="has no container to snapshot"):
+        await backend.snapshot("no-such-box", f"snap-{secrets.token_hex(6)}")
+    with pytest.raises(errors.InvalidRequest, match="is not a snapshot image"):
+        await backend.delete_snapshot("localhost/orchard/sandbox:latest")
