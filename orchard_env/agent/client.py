@@ -64,6 +64,33 @@ class Exit:
 AgentEvent = Output | Exit
 
 
+class FileStream:
+    """An open download (:meth:`AgentClient.open_file`): the file's size, then its bytes.
+
+    Iterate it once; the connection is released when the iteration ends (or on
+    :meth:`aclose`, for a download given up before it started).
+    """
+
+    def __init__(self, response: httpx.Response, client: AgentClient) -> None:
+        self._response = response
+        self._client = client
+        length = response.headers.get("Content-Length")
+        self.size: int | None = int(length) if length is not None else None
+        """The file's size in bytes (the agent's Content-Length; None if it sent none)."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.aiter_raw():
+                yield chunk
+        except httpx.TransportError as exc:
+            raise self._client._unavailable(exc) from exc
+        finally:
+            await self._response.aclose()
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
 class AgentPty:
     """A PTY session on the agent: upstream's JSON frames, sent and received as dicts."""
 
@@ -289,16 +316,30 @@ class AgentClient:
 
     # files
 
-    async def read_file(self, path: str) -> AsyncIterator[bytes]:
-        """Stream a file's bytes (FileNotFound if missing, InvalidRequest for a directory)."""
+    async def open_file(self, path: str) -> FileStream:
+        """Start a download: its size is known before any byte is read (FileNotFound if
+        missing, InvalidRequest for a directory, raised here rather than mid-stream)."""
+        request = self._http.build_request("GET", "/files", params={"path": path})
         try:
-            async with self._http.stream("GET", "/files", params={"path": path}) as resp:
-                if resp.status_code != 200:
-                    self._raise_error(resp.status_code, await resp.aread())
-                async for chunk in resp.aiter_raw():
-                    yield chunk
+            response = await self._http.send(request, stream=True)
+            if response.status_code != 200:
+                try:
+                    body = await response.aread()
+                finally:
+                    await response.aclose()
+                self._raise_error(response.status_code, body)
         except httpx.TransportError as exc:
             raise self._unavailable(exc) from exc
+        return FileStream(response, self)
+
+    async def read_file(self, path: str) -> AsyncIterator[bytes]:
+        """Stream a file's bytes (see :meth:`open_file` for the size and the errors)."""
+        stream = await self.open_file(path)
+        try:
+            async for chunk in stream:
+                yield chunk
+        finally:
+            await stream.aclose()
 
     async def write_file(
         self, path: str, data: bytes | AsyncIterable[bytes], mode: int | None = None

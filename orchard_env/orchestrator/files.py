@@ -10,7 +10,7 @@ import binascii
 import uuid
 from collections.abc import AsyncIterator
 
-from orchard_env.agent.client import AgentClient, Exit
+from orchard_env.agent.client import AgentClient, Exit, FileStream
 from orchard_env.errors import InvalidRequest
 from orchard_env.orchestrator.agents import AgentPool
 from orchard_env.orchestrator.auth import Caller
@@ -71,15 +71,11 @@ class FileService:
         size = await agent.write_file(path, body, mode)
         return FileUploadResult(path=path, size=size)
 
-    async def download_raw(
-        self, sandbox_id: str, path: str, caller: Caller
-    ) -> AsyncIterator[bytes]:
-        """The file's bytes as they come from the agent. The first chunk is fetched before
-        returning, so a missing file is an error (404) rather than a broken 200 stream."""
+    async def download_raw(self, sandbox_id: str, path: str, caller: Caller) -> FileStream:
+        """The open download from the agent: its size, then its bytes as they come. A missing
+        file is an error (404) here, rather than a broken 200 stream."""
         _, agent = await self._agent(sandbox_id, caller)
-        chunks = agent.read_file(path)
-        first = await anext(chunks, b"")
-        return _chain(first, chunks)
+        return await agent.open_file(path)
 
     async def list(self, sandbox_id: str, path: str | None, caller: Caller) -> FileList:
         record, agent = await self._agent(sandbox_id, caller)
@@ -156,10 +152,3 @@ class FileService:
             exit_code=final.exit_code,
             error=error,
         )
-
-
-async def _chain(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    if first:
-        yield first
-    async for chunk in rest:
-        yield chunk

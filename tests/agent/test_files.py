@@ -61,6 +61,21 @@ async def test_large_file_is_streamed_both_ways(
     assert b"".join(pieces) == block * 6 + block[:12345]
 
 
+async def test_open_file_gives_the_size_before_the_bytes(agent: AgentClient) -> None:
+    data = os.urandom(300_000)
+    await agent.write_file("sized.bin", data)
+    stream = await agent.open_file("sized.bin")
+    assert stream.size == len(data)
+    assert b"".join([chunk async for chunk in stream]) == data
+    given_up = await agent.open_file("sized.bin")
+    await given_up.aclose()  # never read: the connection is released, the client goes on
+    again = await agent.open_file("sized.bin")
+    assert again.size == len(data)
+    await again.aclose()
+    with pytest.raises(errors.FileNotFound):
+        await agent.open_file("nope.txt")
+
+
 async def test_read_errors(agent: AgentClient, agent_server: RunningAgent) -> None:
     with pytest.raises(errors.FileNotFound) as missing:
         await read_all(agent, "nope.txt")

@@ -22,6 +22,9 @@ async def read_raw(service: Service, sandbox_id: str, path: str) -> bytes:
     response = await service.http.get(f"/sandboxes/{sandbox_id}/files/raw", params={"path": path})
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == "application/octet-stream"
+    # The size is announced (the agent's), not left to chunked encoding.
+    assert response.headers["content-length"] == str(len(response.content))
+    assert "transfer-encoding" not in response.headers
     return response.content
 
 

@@ -112,5 +112,6 @@ async def upload_raw(
 async def download_raw(
     sandbox_id: str, path: PathQuery, orchard: OrchardDep, caller: CallerDep
 ) -> StreamingResponse:
-    chunks = await orchard.files.download_raw(sandbox_id, path, caller)
-    return StreamingResponse(chunks, media_type="application/octet-stream")
+    stream = await orchard.files.download_raw(sandbox_id, path, caller)
+    headers = {} if stream.size is None else {"Content-Length": str(stream.size)}
+    return StreamingResponse(stream, media_type="application/octet-stream", headers=headers)
