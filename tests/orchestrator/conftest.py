@@ -15,7 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from fastapi import FastAPI
+from websockets.asyncio.client import unix_connect
 
 from orchard_env.config import SERVICE_SETTINGS, ServiceSettings
 from orchard_env.orchestrator.app import create_app
@@ -98,6 +100,7 @@ class Service:
 
 
 StartService = Callable[..., Awaitable[Service]]
+Connect = Callable[..., Any]
 
 
 @pytest.fixture
@@ -160,6 +163,28 @@ async def start_service(
 @pytest.fixture
 async def service(start_service: StartService) -> Service:
     return await start_service()
+
+
+@pytest.fixture
+async def ws_connect(service: Service, tmp_path: Path) -> AsyncIterator[Connect]:
+    """Serve the running app on a unix socket (no TCP) and connect WebSockets to it."""
+    sock = tmp_path / "orchard.sock"
+    server = uvicorn.Server(
+        uvicorn.Config(service.app, uds=str(sock), lifespan="off", log_config=None)
+    )
+    task = asyncio.create_task(server.serve())
+
+    async def started() -> bool:
+        return server.started
+
+    await eventually(started)
+
+    def connect(path: str, **options: Any) -> Any:
+        return unix_connect(str(sock), uri=f"ws://orchard{path}", **options)
+
+    yield connect
+    server.should_exit = True
+    await task
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 10.0) -> None:

@@ -2,46 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
-import uvicorn
-from websockets.asyncio.client import ClientConnection, unix_connect
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
 from orchard_env.orchestrator.logs import JsonFormatter
-from tests.orchestrator.conftest import Service, eventually
-
-Connect = Callable[..., Any]
-
-
-@pytest.fixture
-async def ws_connect(service: Service, tmp_path: Path) -> AsyncIterator[Connect]:
-    """Serve the running app on a unix socket (no TCP) and connect WebSockets to it."""
-    sock = tmp_path / "orchard.sock"
-    server = uvicorn.Server(
-        uvicorn.Config(service.app, uds=str(sock), lifespan="off", log_config=None)
-    )
-    task = asyncio.create_task(server.serve())
-
-    async def started() -> bool:
-        return server.started
-
-    await eventually(started)
-
-    def connect(path: str, **options: Any) -> Any:
-        return unix_connect(str(sock), uri=f"ws://orchard{path}", **options)
-
-    yield connect
-    server.should_exit = True
-    await task
+from tests.orchestrator.conftest import Connect, Service, eventually
 
 
 async def frames_until_close(ws: ClientConnection) -> list[dict[str, Any]]:
