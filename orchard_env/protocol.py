@@ -130,7 +130,11 @@ def epoch_seconds(value: datetime) -> float:
     return value.timestamp()
 
 
-Timestamp = Annotated[datetime, PlainSerializer(epoch_seconds, return_type=float, when_used="json")]
+Timestamp = Annotated[
+    datetime,
+    PlainSerializer(epoch_seconds, return_type=float, when_used="json"),
+    Field(description="Unix epoch seconds (a float), as upstream's timestamps"),
+]
 """An instant that travels as Unix epoch seconds (a float), as upstream's ``created_at``,
 ``started_at`` and ``completed_at`` do; Python code sees a timezone-aware datetime (pydantic
 reads the number back into one). Sandbox, job and heartbeat objects use it for every
