@@ -641,3 +641,164 @@ def list_keys(core: ClientCore) -> Flow[list[protocol.KeyInfo]]:
 def revoke_key(core: ClientCore, key_id: str) -> Flow[protocol.KeyInfo]:
     data = yield from call(core, Send("DELETE", f"/keys/{seg(key_id)}"))
     return protocol.KeyInfo.model_validate(data)
+
+
+# --- snapshots, restore and fork ----------------------------------------------------------
+
+
+def _snapshot(snapshot_id: str) -> str:
+    return f"/snapshots/{seg(snapshot_id)}"
+
+
+def snapshot_sandbox(
+    core: ClientCore,
+    sandbox_id: str,
+    *,
+    name: str | None,
+    labels: Mapping[str, str] | None,
+    ttl_seconds: int | None,
+) -> Flow[protocol.Snapshot]:
+    request = build(
+        protocol.SnapshotRequest, name=name, labels=dict(labels or {}), ttl_seconds=ttl_seconds
+    )
+    data = yield from call(
+        core,
+        Send(
+            "POST",
+            f"{_sandbox(sandbox_id)}/snapshot",
+            json=request.model_dump(mode="json", exclude_none=True),
+            # Sent twice, it would take two snapshots.
+            retry=Retry.UNSENT_ONLY,
+        ),
+    )
+    return protocol.Snapshot.model_validate(data)
+
+
+def restore_snapshot(
+    core: ClientCore,
+    snapshot_id: str,
+    *,
+    sandbox_id: str | None,
+    labels: Mapping[str, str] | None,
+    env: Mapping[str, str] | None,
+    timeout: int | None,
+    ttl_seconds: int | None,
+    idle_timeout_seconds: int | None,
+) -> Flow[protocol.SandboxInfo]:
+    """POST restore; the answer is the sandbox, ready. Retried like a create: with a
+    client-chosen id a 409 after a lost answer means the earlier attempt made it."""
+    request = build(
+        protocol.RestoreRequest,
+        sandbox_id=core.new_sandbox_id(sandbox_id),
+        labels=dict(labels or {}),
+        env=dict(env or {}),
+        timeout=timeout,
+        ttl_seconds=ttl_seconds,
+        idle_timeout_seconds=idle_timeout_seconds,
+    )
+    chosen_id = request.sandbox_id
+    try:
+        outcome = yield from send(
+            core,
+            Send(
+                "POST",
+                f"{_snapshot(snapshot_id)}/restore",
+                json=request.model_dump(mode="json", exclude_none=True),
+                retry=Retry.SAFE if chosen_id else Retry.UNSENT_ONLY,
+            ),
+        )
+    except GeneratorExit:
+        raise
+    except BaseException as exc:
+        if chosen_id is not None and not isinstance(exc, Exception):  # interrupted mid-POST
+            yield from discard(core, chosen_id)
+        raise
+    response = outcome.response
+    if response.is_error:
+        error = error_from_response(response)
+        if not (
+            isinstance(error, errors.SandboxExists) and chosen_id and outcome.maybe_sent_before
+        ):
+            raise error
+        info = yield from get_sandbox(core, chosen_id)
+        if info.source_snapshot != snapshot_id:
+            raise error
+        core.track(info.sandbox_id)
+        return (yield from wait_ready_flow(core, chosen_id, timeout=timeout, poll_interval=1.0))
+    info = protocol.SandboxInfo.model_validate(json_body(response))
+    core.track(info.sandbox_id)
+    return info
+
+
+def fork_sandbox(
+    core: ClientCore,
+    sandbox_id: str,
+    count: int,
+    *,
+    labels: Mapping[str, str] | None,
+    allow_partial: bool,
+) -> Flow[list[protocol.SandboxInfo]]:
+    """POST fork; the forks that came up, ready. Unless ``allow_partial``, any failure
+    deletes the forks that did come up and raises the first failure's error, naming all."""
+    ids = None
+    if core.prefix is not None:  # the client picks the ids, so they carry its prefix
+        ids = [f"{core.prefix}-{uuid.uuid4().hex[:8]}" for _ in range(count)]
+    request = build(protocol.ForkRequest, count=count, labels=dict(labels or {}), sandbox_ids=ids)
+    data = yield from call(
+        core,
+        Send(
+            "POST",
+            f"{_sandbox(sandbox_id)}/fork",
+            json=request.model_dump(mode="json", exclude_none=True),
+            retry=Retry.UNSENT_ONLY,
+        ),
+    )
+    result = protocol.ForkResult.model_validate(data)
+    for info in result.sandboxes:
+        core.track(info.sandbox_id)
+    if not result.failures:
+        return result.sandboxes
+    details = "; ".join(f"{f.sandbox_id}: {f.message}" for f in result.failures)
+    if allow_partial:
+        logger.warning(
+            "%d of %d forks of sandbox %s failed: %s",
+            len(result.failures),
+            count,
+            sandbox_id,
+            details,
+        )
+        return result.sandboxes
+    for info in result.sandboxes:
+        yield from discard(core, info.sandbox_id)
+    raise errors.error_class(result.failures[0].code)(
+        f"{len(result.failures)} of {count} forks of sandbox {sandbox_id} failed ({details}); "
+        f"the {len(result.sandboxes)} that started were deleted "
+        f"(snapshot {result.snapshot.snapshot_id} is kept)",
+        hint="fork(..., allow_partial=True) keeps the forks that started",
+    )
+
+
+def list_snapshots(
+    core: ClientCore, labels: Mapping[str, str] | None, include_deleted: bool
+) -> Flow[list[protocol.Snapshot]]:
+    params = [("label", f"{key}={value}") for key, value in (labels or {}).items()]
+    if include_deleted:
+        params.append(("include_deleted", "true"))
+    data = yield from call(core, Send("GET", "/snapshots", params=params))
+    return protocol.SnapshotList.model_validate(data).snapshots
+
+
+def get_snapshot(core: ClientCore, snapshot_id: str) -> Flow[protocol.Snapshot]:
+    data = yield from call(core, Send("GET", _snapshot(snapshot_id)))
+    return protocol.Snapshot.model_validate(data)
+
+
+def delete_snapshot(core: ClientCore, snapshot_id: str, *, recursive: bool) -> Flow[list[str]]:
+    """The ids deleted (children first). A 404 after an attempt whose answer was lost means
+    that attempt deleted it."""
+    params = [("recursive", "true" if recursive else "false")]
+    outcome = yield from send(core, Send("DELETE", _snapshot(snapshot_id), params=params))
+    response = outcome.response
+    if response.status_code == 404 and outcome.maybe_sent_before:
+        return [snapshot_id]
+    return protocol.SnapshotDeleteResult.model_validate(json_body(response)).deleted

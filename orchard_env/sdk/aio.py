@@ -178,6 +178,45 @@ class AsyncSandboxClient:
         done = await asyncio.gather(*(self._run(flows.discard(self._core, sid)) for sid in ids))
         return [sid for sid, ok in zip(ids, done, strict=True) if ok]
 
+    # --- snapshots ---------------------------------------------------------------------------
+
+    async def restore(
+        self,
+        snapshot_id: str,
+        sandbox_id: str | None = None,
+        *,
+        labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: int | None = None,
+        ttl_seconds: int | None = None,
+        idle_timeout_seconds: int | None = None,
+    ) -> AsyncSandbox:
+        """A new sandbox from a snapshot, ready when this returns (see ``SandboxClient``)."""
+        info = await self._run(
+            flows.restore_snapshot(
+                self._core,
+                snapshot_id,
+                sandbox_id=sandbox_id,
+                labels=labels,
+                env=env,
+                timeout=timeout,
+                ttl_seconds=ttl_seconds,
+                idle_timeout_seconds=idle_timeout_seconds,
+            )
+        )
+        return AsyncSandbox(self, info)
+
+    async def list_snapshots(
+        self, labels: Mapping[str, str] | None = None, *, include_deleted: bool = False
+    ) -> list[protocol.Snapshot]:
+        return await self._run(flows.list_snapshots(self._core, labels, include_deleted))
+
+    async def get_snapshot(self, snapshot_id: str) -> protocol.Snapshot:
+        return await self._run(flows.get_snapshot(self._core, snapshot_id))
+
+    async def delete_snapshot(self, snapshot_id: str, recursive: bool = False) -> list[str]:
+        return await self._run(flows.delete_snapshot(self._core, snapshot_id, recursive=recursive))
+
     # --- jobs --------------------------------------------------------------------------------
 
     async def get_job(self, job_id: str) -> ExecResult:
@@ -582,6 +621,37 @@ class AsyncSandbox(SandboxBase):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    # --- snapshots ---------------------------------------------------------------------------
+
+    async def snapshot(
+        self,
+        name: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        ttl_seconds: int | None = None,
+    ) -> protocol.Snapshot:
+        """Snapshot the sandbox's filesystem (not its processes)."""
+        return await self._client._run(
+            flows.snapshot_sandbox(
+                self._core, self.sandbox_id, name=name, labels=labels, ttl_seconds=ttl_seconds
+            )
+        )
+
+    async def fork(
+        self,
+        count: int,
+        labels: Mapping[str, str] | None = None,
+        *,
+        allow_partial: bool = False,
+    ) -> list[AsyncSandbox]:
+        """``count`` ready copies of this sandbox's filesystem, in one call (see
+        ``Sandbox.fork``)."""
+        infos = await self._client._run(
+            flows.fork_sandbox(
+                self._core, self.sandbox_id, count, labels=labels, allow_partial=allow_partial
+            )
+        )
+        return [AsyncSandbox(self._client, info) for info in infos]
 
     # --- terminal ----------------------------------------------------------------------------
 

@@ -194,6 +194,54 @@ class SandboxClient:
         done = _cleanup.in_parallel(lambda sid: self._run(flows.discard(self._core, sid)), ids)
         return [sid for sid, ok in zip(ids, done, strict=True) if ok]
 
+    # --- snapshots ---------------------------------------------------------------------------
+
+    def restore(
+        self,
+        snapshot_id: str,
+        sandbox_id: str | None = None,
+        *,
+        labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: int | None = None,
+        ttl_seconds: int | None = None,
+        idle_timeout_seconds: int | None = None,
+    ) -> Sandbox:
+        """A new sandbox from a snapshot, ready when this returns.
+
+        It has the snapshot's files and the source sandbox's resources, workdir, network
+        setting, env and labels (``env`` and ``labels`` are added over those). Processes are
+        not carried over: only the filesystem. Tracked for cleanup like a created sandbox.
+        """
+        info = self._run(
+            flows.restore_snapshot(
+                self._core,
+                snapshot_id,
+                sandbox_id=sandbox_id,
+                labels=labels,
+                env=env,
+                timeout=timeout,
+                ttl_seconds=ttl_seconds,
+                idle_timeout_seconds=idle_timeout_seconds,
+            )
+        )
+        return Sandbox(self, info)
+
+    def list_snapshots(
+        self, labels: Mapping[str, str] | None = None, *, include_deleted: bool = False
+    ) -> list[protocol.Snapshot]:
+        """Snapshots visible to this key, oldest first, optionally only those with ``labels``."""
+        return self._run(flows.list_snapshots(self._core, labels, include_deleted))
+
+    def get_snapshot(self, snapshot_id: str) -> protocol.Snapshot:
+        return self._run(flows.get_snapshot(self._core, snapshot_id))
+
+    def delete_snapshot(self, snapshot_id: str, recursive: bool = False) -> list[str]:
+        """Delete a snapshot; with ``recursive`` its descendants too (without, one that has
+        child snapshots raises Conflict). Returns the ids deleted. Sandboxes restored from
+        it keep running."""
+        return self._run(flows.delete_snapshot(self._core, snapshot_id, recursive=recursive))
+
     # --- jobs --------------------------------------------------------------------------------
 
     def get_job(self, job_id: str) -> ExecResult:
@@ -622,6 +670,43 @@ class Sandbox(SandboxBase):
         if thread is not None and thread is not threading.current_thread():
             thread.join()
         self._client._heartbeats.discard(self)
+
+    # --- snapshots ---------------------------------------------------------------------------
+
+    def snapshot(
+        self,
+        name: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        ttl_seconds: int | None = None,
+    ) -> protocol.Snapshot:
+        """Snapshot the sandbox's filesystem (not its processes); ``client.restore(snapshot_id)``
+        makes a sandbox from it. ``ttl_seconds``: deleted that long after (default: kept)."""
+        return self._client._run(
+            flows.snapshot_sandbox(
+                self._core, self.sandbox_id, name=name, labels=labels, ttl_seconds=ttl_seconds
+            )
+        )
+
+    def fork(
+        self,
+        count: int,
+        labels: Mapping[str, str] | None = None,
+        *,
+        allow_partial: bool = False,
+    ) -> list[Sandbox]:
+        """Snapshot this sandbox and restore it ``count`` times at once: ``count`` new
+        sandboxes with its files (not its processes), resources, env and labels (plus
+        ``labels``), all ready, in one call.
+
+        If any fork fails, the others are deleted and the first failure's error is raised,
+        naming every failure; with ``allow_partial`` the forks that started are returned.
+        """
+        infos = self._client._run(
+            flows.fork_sandbox(
+                self._core, self.sandbox_id, count, labels=labels, allow_partial=allow_partial
+            )
+        )
+        return [Sandbox(self._client, info) for info in infos]
 
     # --- terminal ----------------------------------------------------------------------------
 
