@@ -1,0 +1,372 @@
+"""Render the Kubernetes objects of one Orchard deployment.
+
+The objects come from the YAML package data beside this module (``base/`` plus one overlay
+from ``overlays/``), loaded with ``yaml.safe_load_all`` and then set from a
+:class:`DeployValues` by structured code: nothing here assembles YAML from strings.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import ipaddress
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Literal
+
+import yaml
+
+from manifests import (
+    AGENT_PORT,
+    BOOTSTRAP_SECRET,
+    COMMON_LABELS,
+    INSTANCE_LABEL,
+    MASKED,
+    ORCHESTRATOR,
+    REDIS,
+    REDIS_SECRET,
+    REDIS_SETTING,
+)
+from orchard_env.config import SERVICE_SETTINGS
+from orchard_env.errors import ConfigError
+from provision.profile import DeploymentProfile, Limits
+
+Overlay = Literal["aks", "generic"]
+KubeObject = dict[str, Any]
+
+# Where each base file's objects live: the service namespace or the sandbox namespace.
+_SERVICE_FILES = (
+    "namespace.yaml",
+    "serviceaccount.yaml",
+    "configmap.yaml",
+    "bootstrap-key.yaml",
+    "networkpolicies.yaml",
+    "deployment.yaml",
+    "service.yaml",
+    "disruption.yaml",
+)
+_SANDBOX_FILES = ("namespace.yaml", "rbac.yaml", "networkpolicies.yaml")
+
+# Apply order: what others refer to comes first; the sandbox namespace is closed
+# (NetworkPolicies) before the orchestrator that creates sandboxes starts.
+KIND_ORDER = (
+    "Namespace",
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ConfigMap",
+    "Secret",
+    "PersistentVolumeClaim",
+    "NetworkPolicy",
+    "Deployment",
+    "Service",
+    "PodDisruptionBudget",
+)
+_RESERVED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+
+
+@dataclass(frozen=True)
+class DeployValues:
+    """Everything a render depends on. Secrets are ``None`` until ``orchard deploy`` makes or
+    reads them; a render without them masks their values (safe to print)."""
+
+    orchestrator_image: str
+    agent_image: str
+    name: str = "orchard"
+    namespace: str = "orchard"
+    sandbox_namespace: str = "orchard-sandboxes"
+    overlay: Overlay = "generic"
+    replicas: int = 1
+    load_balancer: bool = False
+    load_balancer_source_ranges: tuple[str, ...] = ()
+    redis: bool = False
+    runtime_class: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    agent_port: int = AGENT_PORT
+    api_key: str | None = None
+    redis_password: str | None = None
+
+
+def _has_redis_store() -> bool:
+    return any(setting.key == REDIS_SETTING for setting in SERVICE_SETTINGS)
+
+
+def values_from_profile(profile: DeploymentProfile, refs: Mapping[str, str]) -> DeployValues:
+    """The values of a deployment profile plus its image references (keys ``orchestrator``
+    and ``agent-injector``). Raises :class:`ConfigError` for what the profile's own schema
+    allows but a cluster deployment cannot do."""
+    if profile.target == "local":
+        raise ConfigError(
+            "the profile's target is local: `orchard deploy` deploys to a Kubernetes cluster",
+            hint="set target: kubeconfig (any cluster) or aks in the profile",
+        )
+    service = profile.service
+    for key, namespace in (
+        ("service.namespace", service.namespace),
+        ("service.sandbox_namespace", service.sandbox_namespace),
+    ):
+        if namespace in _RESERVED_NAMESPACES:
+            raise ConfigError(
+                f"{key}: {namespace!r} is a namespace Kubernetes itself uses",
+                hint="give Orchard namespaces of its own (defaults: orchard, orchard-sandboxes)",
+            )
+    if service.namespace == service.sandbox_namespace:
+        raise ConfigError(
+            f"service.namespace and service.sandbox_namespace are both {service.namespace!r}",
+            hint="sandboxes need a namespace of their own: it denies all traffic by default",
+        )
+    if service.load_balancer and not service.load_balancer_source_ranges:
+        raise ConfigError(
+            "service.load_balancer: a public load balancer needs source ranges",
+            hint="set service.load_balancer_source_ranges, e.g. [203.0.113.0/24] "
+            "(or [0.0.0.0/0] to accept anyone)",
+        )
+    for cidr in service.load_balancer_source_ranges:
+        try:
+            ipaddress.ip_network(cidr)
+        except ValueError as exc:
+            raise ConfigError(f"service.load_balancer_source_ranges: {exc}") from exc
+    if service.redis and not _has_redis_store():
+        raise ConfigError(
+            "service.redis: this version of the orchestrator keeps its state in SQLite only",
+            hint="set service.redis: false and service.replicas: 1",
+        )
+    missing = [key for key in ("orchestrator", "agent-injector") if not refs.get(key)]
+    if missing:
+        raise ConfigError(f"no image reference for {', '.join(missing)}")
+    return DeployValues(
+        orchestrator_image=refs["orchestrator"],
+        agent_image=refs["agent-injector"],
+        name=profile.name,
+        namespace=service.namespace,
+        sandbox_namespace=service.sandbox_namespace,
+        overlay="aks" if profile.target == "aks" else "generic",
+        replicas=service.replicas,
+        load_balancer=service.load_balancer,
+        load_balancer_source_ranges=tuple(service.load_balancer_source_ranges),
+        redis=service.redis,
+        runtime_class=profile.runtime_class,
+        limits=profile.limits,
+    )
+
+
+# --- package data ---------------------------------------------------------------------------
+
+
+def _load(*parts: str) -> list[KubeObject]:
+    """The YAML documents of one package data file (comments-only documents skipped)."""
+    text = resources.files("manifests").joinpath(*parts).read_text()
+    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+
+
+def overlay_patches(overlay: Overlay) -> list[KubeObject]:
+    return _load("overlays", overlay, "patches.yaml")
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: maps merge, ``null`` deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+
+def _pull_policy(image: str) -> str:
+    """``Always`` for moving tags (latest, a dirty tree's build), else ``IfNotPresent``."""
+    if "@" in image:  # pinned by digest
+        return "IfNotPresent"
+    tag = image.rsplit("/", 1)[-1].partition(":")[2] or "latest"
+    return "Always" if tag == "latest" or tag.endswith("-dirty") else "IfNotPresent"
+
+
+def _secret_data(values: Mapping[str, str | None]) -> dict[str, Any]:
+    """``data`` (base64) when every value is known, else ``stringData`` with masked values."""
+    if all(value is not None for value in values.values()):
+        return {
+            "data": {
+                key: base64.b64encode(str(value).encode()).decode() for key, value in values.items()
+            }
+        }
+    return {"stringData": dict.fromkeys(values, MASKED)}
+
+
+def redis_url(values: DeployValues) -> str | None:
+    if values.redis_password is None:
+        return None
+    host = f"{REDIS}.{values.namespace}.svc"
+    return f"redis://:{values.redis_password}@{host}:6379/0"
+
+
+def service_settings(values: DeployValues) -> dict[str, str]:
+    """The orchestrator's settings this deployment sets (by setting key), beyond the
+    ConfigMap's fixed ones."""
+    limits = values.limits
+    settings = {
+        "instance": values.name,
+        "k8s_namespace": values.sandbox_namespace,
+        "agent_image": values.agent_image,
+        "agent_port": str(values.agent_port),
+        "default_cpu": limits.default_cpu,
+        "default_memory": limits.default_memory,
+        "max_cpu": limits.max_cpu,
+        "max_memory": limits.max_memory,
+        "ephemeral_storage": limits.ephemeral_storage,
+        "pids_limit": str(limits.pids_limit),
+        "sandbox_ttl_seconds": str(limits.sandbox_ttl_seconds),
+        "idle_timeout_seconds": str(limits.idle_timeout_seconds),
+    }
+    if values.runtime_class:
+        settings["runtime_class"] = values.runtime_class
+    return settings
+
+
+def _objects(values: DeployValues) -> list[tuple[str, KubeObject]]:
+    """(namespace role, object) for each base object this deployment uses."""
+    found = [("service", obj) for name in _SERVICE_FILES for obj in _load("base", "service", name)]
+    if not values.redis:
+        found += [("service", obj) for obj in _load("base", "service", "state.yaml")]
+    if values.load_balancer:
+        found += [("service", obj) for obj in _load("base", "service", "loadbalancer.yaml")]
+    if values.redis:
+        found += [("service", obj) for obj in _load("base", "service", "redis.yaml")]
+    for name in _SANDBOX_FILES:
+        found += [("sandboxes", obj) for obj in _load("base", "sandboxes", name)]
+    return found
+
+
+def _find(objects: Iterable[KubeObject], kind: str, name: str) -> KubeObject | None:
+    for obj in objects:
+        if obj["kind"] == kind and obj["metadata"]["name"] == name:
+            return obj
+    return None
+
+
+def _get(objects: Iterable[KubeObject], kind: str, name: str) -> KubeObject:
+    found = _find(objects, kind, name)
+    if found is None:
+        raise LookupError(f"the base manifests have no {kind} {name}")
+    return found
+
+
+def _configure_orchestrator(objects: list[KubeObject], values: DeployValues) -> None:
+    config = _get(objects, "ConfigMap", "orchard-config")
+    for key, value in service_settings(values).items():
+        config["data"]["ORCHARD_" + key.upper()] = value
+
+    deployment = _get(objects, "Deployment", ORCHESTRATOR)
+    spec = deployment["spec"]
+    spec["replicas"] = values.replicas
+    pod = spec["template"]
+    container = pod["spec"]["containers"][0]
+    container["image"] = values.orchestrator_image
+    container["imagePullPolicy"] = _pull_policy(values.orchestrator_image)
+    # A changed setting rolls the pods (a ConfigMap change alone would not).
+    checksum = hashlib.sha256(json.dumps(config["data"], sort_keys=True).encode()).hexdigest()
+    pod.setdefault("metadata", {}).setdefault("annotations", {})["orchard.config/sha256"] = checksum
+    if values.redis:
+        # State in Redis: replicas roll one by one, and the state directory is scratch space.
+        spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0}}
+        for volume in pod["spec"]["volumes"]:
+            if volume["name"] == "state":
+                volume.pop("persistentVolumeClaim")
+                volume["emptyDir"] = {"sizeLimit": "1Gi"}
+        container["env"] = [
+            {
+                "name": "ORCHARD_" + REDIS_SETTING.upper(),
+                "valueFrom": {"secretKeyRef": {"name": REDIS_SECRET, "key": "url"}},
+            }
+        ]
+    if values.replicas > 1:
+        pod["spec"]["affinity"] = {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": dict(spec["selector"]["matchLabels"])},
+                        },
+                    }
+                ]
+            }
+        }
+
+
+def _configure(objects: list[KubeObject], values: DeployValues) -> None:
+    _configure_orchestrator(objects, values)
+    secret = _get(objects, "Secret", BOOTSTRAP_SECRET)
+    secret.pop("stringData", None)
+    secret.update(_secret_data({"api-key": values.api_key}))
+    if values.redis:
+        redis_secret = _get(objects, "Secret", REDIS_SECRET)
+        redis_secret.pop("stringData", None)
+        redis_secret.update(
+            _secret_data({"password": values.redis_password, "url": redis_url(values)})
+        )
+        redis = _get(objects, "Deployment", REDIS)["spec"]["template"]["spec"]["containers"][0]
+        redis["imagePullPolicy"] = _pull_policy(redis["image"])
+    if values.load_balancer:
+        public = _get(objects, "Service", "orchard-public")
+        public["spec"]["loadBalancerSourceRanges"] = list(values.load_balancer_source_ranges)
+    binding = _get(objects, "RoleBinding", ORCHESTRATOR)
+    binding["subjects"][0]["namespace"] = values.namespace
+    agent = _get(objects, "NetworkPolicy", "orchard-agent-ingress")
+    rule = agent["spec"]["ingress"][0]
+    rule["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] = (
+        values.namespace
+    )
+    rule["ports"][0]["port"] = values.agent_port
+
+
+def _label(obj: KubeObject, values: DeployValues) -> None:
+    labels = {**COMMON_LABELS, INSTANCE_LABEL: values.name}
+    obj["metadata"]["labels"] = {**obj["metadata"].get("labels", {}), **labels}
+    template = obj.get("spec", {}).get("template")
+    if obj["kind"] == "Deployment" and template is not None:
+        template["metadata"]["labels"] = {**template["metadata"]["labels"], **labels}
+
+
+def _overlay(objects: list[KubeObject], overlay: Overlay) -> None:
+    for patch in overlay_patches(overlay):
+        target = _find(objects, patch["kind"], patch["metadata"]["name"])
+        if target is None:  # an optional object this deployment does not use
+            continue
+        body = {key: value for key, value in patch.items() if key != "kind"}
+        body["metadata"] = {k: v for k, v in patch["metadata"].items() if k != "name"}
+        objects[objects.index(target)] = merge_patch(target, body)
+
+
+def render(values: DeployValues) -> list[KubeObject]:
+    """The deployment's objects in apply order. Without ``values.api_key`` (and the Redis
+    password) the Secrets' values are masked: such a render is for reading, not applying."""
+    placed = _objects(values)
+    objects: list[KubeObject] = []
+    for role, obj in placed:
+        namespace = values.namespace if role == "service" else values.sandbox_namespace
+        if obj["kind"] == "Namespace":
+            obj["metadata"]["name"] = namespace
+        else:
+            obj["metadata"]["namespace"] = namespace
+        objects.append(obj)
+    _configure(objects, values)
+    for obj in objects:
+        _label(obj, values)
+    _overlay(objects, values.overlay)
+    objects.sort(key=lambda obj: KIND_ORDER.index(obj["kind"]))
+    return objects
+
+
+def to_yaml(objects: Iterable[KubeObject]) -> str:
+    """A multi-document YAML stream ``kubectl apply -f -`` reads."""
+    return yaml.safe_dump_all(list(objects), sort_keys=False, explicit_start=True)
