@@ -99,8 +99,13 @@ class FileService:
     async def apply_patch(
         self, sandbox_id: str, request: PatchRequest, caller: Caller
     ) -> PatchResult:
-        """``git apply`` in the sandbox (the patch on stdin), with --check/--3way/--reverse."""
+        """``git apply`` in the sandbox (the patch on stdin), with --check/--3way/--reverse.
+
+        A patch whose last line lacks its newline gets one (git calls it corrupt otherwise;
+        upstream's heredoc added it, and its documented example relies on that).
+        """
         record, agent = await self._agent(sandbox_id, caller)
+        patch = request.patch if request.patch.endswith("\n") else request.patch + "\n"
         argv = ["git", "apply"]
         if request.check:
             argv.append("--check")
@@ -118,7 +123,7 @@ class FileService:
                 env={},
                 timeout=request.timeout_seconds,
                 login_shell=False,
-                stdin=request.patch.encode(),
+                stdin=patch.encode(),
                 max_output_bytes=MAX_PATCH_OUTPUT,
             ):
                 if isinstance(event, Exit):
