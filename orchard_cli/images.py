@@ -2,13 +2,178 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.table import Table
+from rich.text import Text
 
-from orchard_cli.console import err, out
+from orchard_cli.console import JsonOpt, err, out, print_json
 
-app = typer.Typer(help="Build the images Orchard uses.", no_args_is_help=True)
+app = typer.Typer(help="Build, push and list the images Orchard uses.", no_args_is_help=True)
+
+ProfileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--profile",
+        help="Deployment profile: its registry, repository and image_tag.",
+        dir_okay=False,
+        show_default=False,
+    ),
+]
+RegistryOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--registry",
+        help="Registry host, e.g. myacr.azurecr.io (default: the profile's; none: local "
+        "localhost/... references).",
+        show_default=False,
+    ),
+]
+TagOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tag",
+        help="Image tag (default: the profile's image_tag, else <version>-<git commit>).",
+        show_default=False,
+    ),
+]
+OnlyOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--only",
+        help="Only this image: orchestrator, agent-injector or sandbox (repeatable).",
+        show_default=False,
+    ),
+]
+BuilderOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--builder",
+        help="docker, podman or buildah (default: the first that works, in that order).",
+        show_default=False,
+    ),
+]
+
+
+@contextmanager
+def _progress(what: str) -> Iterator[Callable[[str], None]]:
+    """Builder output: the latest line beside a spinner on a terminal, every line otherwise
+    (a CI log). Always on stderr."""
+    if not err.is_terminal:
+        yield lambda line: err.print(Text(line))
+        return
+    with err.status(what) as status:
+        yield lambda line: status.update(Text(line[: max(20, err.width - 4)]))
+
+
+@app.command()
+def build(
+    profile: ProfileOpt = None,
+    registry: RegistryOpt = None,
+    tag: TagOpt = None,
+    only: OnlyOpt = None,
+    builder: BuilderOpt = None,
+    platform: Annotated[
+        str | None,
+        typer.Option("--platform", help="Target platform, e.g. linux/arm64.", show_default=False),
+    ] = None,
+    base_image: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--base-image",
+            help="Replace a base image, ARG=IMAGE: BASE_IMAGE (orchestrator, sandbox), "
+            "BUILDER_IMAGE or FINAL_IMAGE (agent-injector). Repeatable.",
+            show_default=False,
+        ),
+    ] = None,
+    ca_bundle: Annotated[
+        Path | None,
+        typer.Option(
+            "--ca-bundle",
+            help="CA certificates pip trusts during the build (a TLS-intercepting proxy's); "
+            "not stored in the image.",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Build the orchestrator, agent-injector and sandbox images; print their references."""
+    from images.build import build_images, detect_builder, parse_base_images, resolve_refs
+
+    refs = resolve_refs(profile, registry=registry, tag=tag, only=only or ())
+    bases = parse_base_images(base_image or ())
+    tool = detect_builder(builder)
+    with _progress(f"building with {tool}") as progress:
+        built = build_images(
+            refs,
+            builder=tool,
+            platform=platform,
+            base_images=bases,
+            ca_bundle=ca_bundle,
+            progress=progress,
+        )
+    for ref in built:
+        out.print(ref)
+
+
+@app.command()
+def push(
+    profile: ProfileOpt = None,
+    registry: RegistryOpt = None,
+    tag: TagOpt = None,
+    only: OnlyOpt = None,
+    builder: BuilderOpt = None,
+    login: Annotated[
+        bool,
+        typer.Option(
+            "--login/--no-login",
+            help="Log in to Azure Container Registries first (ACR token exchange with your "
+            "Azure identity).",
+        ),
+    ] = True,
+) -> None:
+    """Push the built images to the registry; print their references."""
+    from images.build import detect_builder, push_images, resolve_refs
+
+    logging.getLogger("azure.identity").setLevel(logging.ERROR)  # its tries are our hint
+    refs = resolve_refs(profile, registry=registry, tag=tag, only=only or ())
+    tool = detect_builder(builder)
+    with _progress(f"pushing with {tool}") as progress:
+        pushed = push_images(refs, builder=tool, login=login, progress=progress)
+    for ref in pushed:
+        out.print(ref)
+
+
+@app.command("list")
+def list_(
+    profile: ProfileOpt = None,
+    registry: RegistryOpt = None,
+    tag: TagOpt = None,
+    only: OnlyOpt = None,
+    builder: BuilderOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The image references a profile implies, and whether each exists locally."""
+    from images.build import detect_builder, list_images, resolve_refs
+
+    refs = resolve_refs(profile, registry=registry, tag=tag, only=only or ())
+    found = list_images(refs, builder=detect_builder(builder))
+    if as_json:
+        print_json([asdict(image) for image in found])
+        return
+    table = Table(box=None)  # columns as wide as their values: a reference is never cut
+    table.add_column("IMAGE", no_wrap=True, min_width=max(len(i.name) for i in found))
+    table.add_column("LOCAL", min_width=5)
+    table.add_column("REFERENCE", no_wrap=True, min_width=max(len(i.ref) for i in found))
+    for image in found:
+        table.add_row(image.name, "yes" if image.present else "no", image.ref)
+    out.print(table)
 
 
 @app.command("build-local")
