@@ -356,8 +356,9 @@ def render(values: DeployValues) -> list[KubeObject]:
         namespace = values.namespace if role == "service" else values.sandbox_namespace
         if obj["kind"] == "Namespace":
             obj["metadata"]["name"] = namespace
-        else:
-            obj["metadata"]["namespace"] = namespace
+        else:  # name, then namespace, then the rest: as kubectl shows them
+            name = obj["metadata"].pop("name")
+            obj["metadata"] = {"name": name, "namespace": namespace, **obj["metadata"]}
         objects.append(obj)
     _configure(objects, values)
     for obj in objects:
