@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from orchard_env.errors import ConfigError
 
@@ -21,6 +21,23 @@ class StageResult:
     stage: str
     summary: str
     skipped: bool = False
+
+
+ChangeAction = Literal["create", "update", "keep", "drift", "delete"]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One resource in a plan: what would happen to it, and why.
+
+    ``keep``: exists as wanted. ``drift``: exists but differs in a way Orchard does not change
+    in place (it never recreates what exists); the details say what differs and what to do.
+    """
+
+    action: ChangeAction
+    kind: str
+    name: str
+    details: tuple[str, ...] = ()
 
 
 @dataclass
@@ -50,7 +67,7 @@ class Provider(Protocol):
     def status(self) -> ServiceStatus: ...
 
 
-TARGETS = ("local",)
+TARGETS = ("local", "aks", "kubeconfig")
 
 
 def check_target(target: str) -> str:
