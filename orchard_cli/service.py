@@ -1,47 +1,231 @@
-"""`orchard up | down | status | serve`: the service's lifecycle."""
+"""`orchard up | down | status | serve`: the service's lifecycle, on this machine or a cluster."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import dataclasses
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from orchard_cli.console import JsonOpt, YesOpt, confirm, err, out, print_json
+from orchard_env import config
 from orchard_env.config import service_settings
-from provision.base import check_target
+from orchard_env.errors import ConfigError, InvalidRequest
+from provision.base import STAGES, Change, ServiceStatus, check_target
 from provision.local import DEFAULT_CONTEXT, LocalProvider
+from provision.profile import DeploymentProfile, load_profile, parse_profile
+from provision.stages import ClusterDeployment, DeploymentPlan, StageEvent
 
 PANEL = "Service"
+DEFAULT_PROFILE = Path("orchard.yaml")  # what `orchard init` writes
 
 TargetOpt = Annotated[
-    str, typer.Option("--target", "-t", help="Where Orchard runs: local (this machine's engine).")
+    str | None,
+    typer.Option(
+        "--target",
+        "-t",
+        help="Where Orchard runs: local (this machine's engine), aks (a new AKS cluster) or "
+        "kubeconfig (a cluster you have). Default: the profile's, else local.",
+        show_default=False,
+    ),
+]
+ProfileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--profile",
+        "-p",
+        help="Deployment profile (`orchard init` writes one). Default for aks and kubeconfig: "
+        "./orchard.yaml if it exists, else the built-in defaults.",
+        dir_okay=False,
+        show_default=False,
+    ),
 ]
 PortOpt = Annotated[int | None, typer.Option("--port", help="Port of the local orchestrator.")]
 StateDirOpt = Annotated[
-    str | None, typer.Option("--state-dir", help="State directory (database, logs, sandbox dirs).")
+    str | None,
+    typer.Option(
+        "--state-dir", help="State directory (database, logs, sandbox dirs, deployment state)."
+    ),
 ]
 ContextNameOpt = Annotated[
-    str, typer.Option("--context", help="Name of the CLI context to write or use.")
+    str | None,
+    typer.Option(
+        "--context",
+        help="Name of the CLI context to write or use. Default: local, or the profile's name.",
+        show_default=False,
+    ),
 ]
 
+_MARKS = {
+    "create": "[green]+ create[/]",
+    "update": "[yellow]~ update[/]",
+    "keep": "[dim]= exists[/]",
+    "drift": "[red]! drift [/]",
+    "delete": "[red]- delete[/]",
+}
 
-def _provider(target: str, port: int | None, state_dir: str | None, context: str) -> LocalProvider:
-    check_target(target)
-    return LocalProvider(service_settings(port=port, state_dir=state_dir), context=context)
+
+def _cluster(
+    target: str | None,
+    profile_path: Path | None,
+    state_dir: str | None,
+    context: str | None,
+    *,
+    consent: bool = False,
+    smoke: bool = True,
+) -> ClusterDeployment | None:
+    """The cluster deployment the options name, or None for the local target."""
+    profile: DeploymentProfile | None = None
+    if profile_path is not None:
+        profile = load_profile(profile_path)
+        if target is not None and check_target(target) != profile.target:
+            raise ConfigError(
+                f"--target {target} disagrees with profile {profile_path} (target: "
+                f"{profile.target})",
+                hint="drop --target, or set target in the profile",
+            )
+        target = profile.target
+    target = check_target(target or "local")
+    if target == "local":
+        return None
+    if profile is None and DEFAULT_PROFILE.is_file():
+        profile_path = DEFAULT_PROFILE
+        profile = load_profile(profile_path)
+        if profile.target != target:
+            raise ConfigError(
+                f"--target {target} disagrees with profile {profile_path} (target: "
+                f"{profile.target})",
+                hint="pass --profile, or set target in the profile",
+            )
+        err.print(f"Using the profile {profile_path}.")
+    if profile is None:
+        err.print(
+            f"No profile: using the defaults for {target} "
+            f"(`orchard init --target {target}` writes them to {DEFAULT_PROFILE} to edit)."
+        )
+        profile = parse_profile({"target": target}, source="the default profile")
+    resume = ["orchard", "up"]
+    resume += ["--profile", str(profile_path)] if profile_path else ["--target", target]
+    if state_dir:
+        resume += ["--state-dir", state_dir]
+    if context:
+        resume += ["--context", context]
+    return ClusterDeployment(
+        profile,
+        state_dir=Path(state_dir) if state_dir else config.state_dir(),
+        context=context,
+        resume_command=shlex.join(resume),
+        consent=consent,
+        smoke=smoke,
+    )
+
+
+def _local(port: int | None, state_dir: str | None, context: str | None) -> LocalProvider:
+    return LocalProvider(
+        service_settings(port=port, state_dir=state_dir), context=context or DEFAULT_CONTEXT
+    )
+
+
+# --- up ----------------------------------------------------------------------------------------
+
+
+class _StageDisplay:
+    """A spinner per running stage on stderr; one line per finished, skipped or failed stage."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.tasks: dict[str, Any] = {}
+
+    def __call__(self, event: StageEvent) -> None:
+        name = f"[bold]{event.stage}[/]"
+        text = escape(event.text)
+        if event.kind == "start":
+            self.tasks[event.stage] = self.progress.add_task(name, total=None)
+        elif event.kind == "message":
+            self.progress.update(self.tasks[event.stage], description=f"{name}: {text}")
+        elif event.kind == "skip":
+            self.progress.console.print(f"[dim]= {name}: {text} (done earlier)[/]")
+        else:
+            self.progress.remove_task(self.tasks.pop(event.stage))
+            mark = "[green]✓[/]" if event.kind == "done" else "[red]✗[/]"
+            self.progress.console.print(f"{mark} {name}: {text}")
 
 
 def up(
-    target: TargetOpt = "local",
+    target: TargetOpt = None,
+    profile: ProfileOpt = None,
+    plan: Annotated[
+        bool,
+        typer.Option(
+            "--plan",
+            help="Print what up would create or change, and the hourly cost; change nothing.",
+        ),
+    ] = False,
+    from_stage: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help=f"Run this stage and the ones after it even if done ({', '.join(STAGES)}).",
+            show_default=False,
+        ),
+    ] = None,
     port: PortOpt = None,
     state_dir: StateDirOpt = None,
-    context: ContextNameOpt = DEFAULT_CONTEXT,
+    context: ContextNameOpt = None,
     smoke: Annotated[
         bool, typer.Option("--smoke/--no-smoke", help="Finish with the smoke test.")
     ] = True,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes", "-y", help="kubeconfig target: let Orchard label and taint sandbox nodes."
+        ),
+    ] = False,
+    json_: JsonOpt = False,
 ) -> None:
-    """Stand Orchard up: provision, images, deploy, smoke. Safe to re-run."""
-    provider = _provider(target, port, state_dir, context)
+    """Stand Orchard up: provision, images, deploy, smoke. Safe to re-run; resumes a failure."""
+    deployment = _cluster(target, profile, state_dir, context, consent=yes, smoke=smoke)
+    if deployment is None:
+        if plan or from_stage:
+            raise InvalidRequest(
+                "--plan and --from are for the aks and kubeconfig targets",
+                hint="the local target creates nothing billable and checks every stage itself",
+            )
+        _up_local(port, state_dir, context, smoke)
+        return
+    if plan:
+        with err.status("reading what exists (nothing is changed)"):
+            result = deployment.plan()
+        if json_:
+            print_json(_plan_json(result))
+        else:
+            _render_plan(result, deployment)
+        return
+    err.print(f"Log: {deployment.log_file}")
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
+        outcome = deployment.up(_StageDisplay(progress), rerun_from=from_stage)
+    forward = deployment.state.outputs().get("deploy", {}).get("port_forward")
+    err.print(f"\nOrchard is up at {outcome.url} (context {outcome.context!r}). Try:")
+    if forward:
+        err.print(f"  {forward} &   # the service is in-cluster only")
+    err.print("  orchard sandbox create            # prints the new sandbox id")
+    err.print("  orchard sandbox exec <id> -- uname -a")
+    out.print(outcome.url)
+
+
+def _up_local(port: int | None, state_dir: str | None, context: str | None, smoke: bool) -> None:
+    provider = _local(port, state_dir, context)
     with err.status("starting") as status:
         result = provider.up(lambda message: status.update(message), smoke=smoke)
     for stage in result.stages:
@@ -53,30 +237,122 @@ def up(
     out.print(result.url)
 
 
+def _change_lines(changes: list[Change]) -> list[str]:
+    """One line per change, columns padded (no wrapping: a plan is read and piped whole)."""
+    kind_width = max((len(c.kind) for c in changes), default=0)
+    name_width = max((len(c.name) for c in changes), default=0)
+    return [
+        f"{_MARKS[c.action]}  {c.kind:<{kind_width}}  {escape(c.name.ljust(name_width))}  "
+        f"{escape('; '.join(c.details))}".rstrip()
+        for c in changes
+    ]
+
+
+def _render_plan(plan: DeploymentPlan, deployment: ClusterDeployment) -> None:
+    out.print(f"[bold]Plan for {plan.name!r} on {plan.target}[/] (nothing has been changed)")
+    out.print("\n[bold]Infrastructure[/]")
+    for line in _change_lines(plan.changes) or ["  (nothing)"]:
+        out.print(line)
+    out.print("\n[bold]Images[/] (built here and pushed)")
+    for name, ref in plan.images.items():
+        out.print(f"  {name}: {escape(ref)}")
+    out.print(f"\n[bold]Kubernetes objects[/] (server-side apply, {len(plan.objects)})")
+    for obj in plan.objects:
+        out.print(f"  {escape(obj)}")
+    out.print("\n[bold]Stages[/] " + ", ".join(f"{k}: {v}" for k, v in plan.stages.items()))
+    out.print(f"  state {deployment.state.path}")
+    cost = plan.cost
+    if cost is not None:
+        sandbox = "spot" if cost.pricing == "spot" else "on-demand"
+        out.print(
+            f"\n[bold]Estimated cost[/] ${cost.min_usd:.2f}/h to ${cost.max_usd:.2f}/h "
+            f"({cost.prices.mode} prices, {cost.region})"
+        )
+        out.print(
+            f"  system pool {cost.system_nodes[0]}..{cost.system_nodes[1]} x "
+            f"{cost.system_vm_size} (on-demand) at ${cost.system_node_usd:.4f}/h each"
+        )
+        out.print(
+            f"  sandbox pool {cost.sandbox_nodes[0]}..{cost.sandbox_nodes[1]} x "
+            f"{cost.sandbox_vm_size} ({sandbox}) at ${cost.sandbox_node_usd:.4f}/h each, "
+            f"{cost.sandboxes_per_node} default-size sandboxes per node"
+        )
+        out.print(
+            f"  control plane, load balancer, public IP, registry: ${cost.fixed_usd:.4f}/h; "
+            "Log Analytics and egress by usage"
+        )
+        for warning in cost.warnings:
+            out.print(f"  [dim]{escape(warning)}[/]")
+    elif plan.target == "kubeconfig":
+        out.print(
+            "\n[bold]Estimated cost[/] not estimated for a cluster you already have "
+            "(`orchard cost report --kubeconfig FILE` prices its nodes)"
+        )
+    if plan.warnings:
+        out.print()
+        for warning in plan.warnings:
+            out.print(f"[yellow]! {escape(warning)}[/]")
+
+
+def _plan_json(plan: DeploymentPlan) -> dict[str, Any]:
+    return {
+        "target": plan.target,
+        "name": plan.name,
+        "changes": [dataclasses.asdict(change) for change in plan.changes],
+        "images": plan.images,
+        "objects": plan.objects,
+        "stages": plan.stages,
+        "cost": plan.cost,
+        "warnings": plan.warnings,
+    }
+
+
+# --- down / status / serve ---------------------------------------------------------------------
+
+
 def down(
-    target: TargetOpt = "local",
+    target: TargetOpt = None,
+    profile: ProfileOpt = None,
     port: PortOpt = None,
     state_dir: StateDirOpt = None,
-    context: ContextNameOpt = DEFAULT_CONTEXT,
+    context: ContextNameOpt = None,
     yes: YesOpt = False,
 ) -> None:
-    """Stop the service and delete all of its sandboxes (the records stay)."""
-    provider = _provider(target, port, state_dir, context)
-    confirm(f"Stop Orchard ({target}) and delete all of its sandboxes?", yes=yes)
-    with err.status("stopping") as status:
-        provider.down(lambda message: status.update(message))
+    """Take Orchard down: locally, stop it and delete its sandboxes (the records stay); on
+    AKS, delete what `up` created; on a cluster, delete its namespaces."""
+    deployment = _cluster(target, profile, state_dir, context)
+    if deployment is None:
+        provider = _local(port, state_dir, context)
+        confirm("Stop Orchard (local) and delete all of its sandboxes?", yes=yes)
+        with err.status("stopping") as status:
+            provider.down(lambda message: status.update(message))
+        err.print("[green]✓[/] Orchard is down.")
+        return
+    with err.status("reading what exists"):
+        changes = deployment.deletion_plan()
+    if not changes:
+        err.print(f"Nothing of {deployment.profile.name!r} exists on {deployment.target}.")
+    for line in _change_lines(changes):
+        err.print(line, soft_wrap=True)
+    confirm(f"Delete Orchard {deployment.profile.name!r} ({deployment.target})?", yes=yes)
+    with err.status("deleting") as status:
+        deployment.down(lambda message: status.update(escape(message)), changes)
     err.print("[green]✓[/] Orchard is down.")
 
 
 def status(
-    target: TargetOpt = "local",
+    target: TargetOpt = None,
+    profile: ProfileOpt = None,
     port: PortOpt = None,
     state_dir: StateDirOpt = None,
-    context: ContextNameOpt = DEFAULT_CONTEXT,
+    context: ContextNameOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Show whether the service runs, where, and how many sandboxes it has."""
-    state = _provider(target, port, state_dir, context).status()
+    """Show whether the service runs, where, and (locally) how many sandboxes it has."""
+    deployment = _cluster(target, profile, state_dir, context)
+    state: ServiceStatus = (
+        _local(port, state_dir, context).status() if deployment is None else deployment.status()
+    )
     if json_:
         print_json(
             {"target": state.target, "running": state.running, "url": state.url, **state.detail}
@@ -87,7 +363,7 @@ def status(
         table.add_row("running", "[green]yes[/]" if state.running else "[red]no[/]")
         table.add_row("url", state.url or "-")
         for key, value in state.detail.items():
-            table.add_row(key, value)
+            table.add_row(key, escape(value))
         out.print(table)
     if not state.running:
         raise typer.Exit(3)
