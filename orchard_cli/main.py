@@ -8,7 +8,7 @@ import sys
 import typer
 from rich.text import Text
 
-from orchard_cli import bench, context, cost, deploy, images, keys, sandbox, service, smoke
+from orchard_cli import bench, context, cost, deploy, images, init, keys, sandbox, service, smoke
 from orchard_cli.console import err
 from orchard_env import __version__
 from orchard_env.errors import OrchardError
@@ -23,6 +23,7 @@ app = typer.Typer(
 )
 service.register(app)
 deploy.register(app)
+init.register(app)
 app.add_typer(sandbox.app, name="sandbox", rich_help_panel="Sandboxes")
 app.add_typer(keys.app, name="keys", rich_help_panel="Service")
 app.add_typer(context.app, name="context", rich_help_panel="Service")
