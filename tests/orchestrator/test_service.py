@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchard_env.errors import BackendUnavailable, NotSupported
+from orchard_env.errors import BackendUnavailable, ConfigError, NotSupported
 from orchard_env.orchestrator.backends import make_backend
 from orchard_env.orchestrator.backends.base import SandboxSpec
 from orchard_env.orchestrator.logs import JsonFormatter
@@ -138,7 +138,11 @@ async def test_logs_are_json_and_never_carry_keys(
 
 def test_backend_factory(tmp_path: Path) -> None:
     settings = make_settings(tmp_path)
-    with pytest.raises(NotSupported) as raised:
+    with pytest.raises(ConfigError) as raised:  # the kubernetes backend; details in backends/
         make_backend(replace(settings, backend="kubernetes"))
-    assert raised.value.message == "the kubernetes backend is not implemented yet"
-    assert raised.value.hint == "use the local engine: ORCHARD_BACKEND=docker"
+    assert raised.value.message == (
+        "the kubernetes backend needs the agent-injector image, and agent_image is not set"
+    )
+    with pytest.raises(NotSupported) as unknown:
+        make_backend(replace(settings, backend="nomad"))
+    assert unknown.value.message == "unknown backend 'nomad'"

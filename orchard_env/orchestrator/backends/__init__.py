@@ -16,10 +16,14 @@ def make_backend(settings: ServiceSettings) -> Backend:
         bundle_dir = settings.agent_bundle_dir or ensure_bundle(settings.state_dir / "bundle")
         return DockerEngineBackend(settings, bundle_dir=bundle_dir)
     if settings.backend == "kubernetes":
-        raise NotSupported(
-            "the kubernetes backend is not implemented yet",
-            hint="use the local engine: ORCHARD_BACKEND=docker",
-        )
+        try:
+            from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend
+        except ImportError as exc:
+            raise NotSupported(
+                f"the kubernetes backend needs the `kubernetes` package ({exc})",
+                hint="pip install 'kubernetes>=30'",
+            ) from exc
+        return KubernetesBackend(settings)
     raise NotSupported(
         f"unknown backend {settings.backend!r}", hint="ORCHARD_BACKEND is docker or kubernetes"
     )

@@ -1,0 +1,1162 @@
+"""The Kubernetes backend: each sandbox is a pod in one sandbox namespace.
+
+Talks to the API server with the official ``kubernetes`` client (sync, run on a bounded thread
+pool of its own) and keeps the pods of this orchestrator instance in a watch-fed cache (list,
+then watch from the list's resourceVersion; relist on 410 Gone; reconnect with backoff).
+Per sandbox it makes:
+
+* a pod named after the sandbox id. An init container (``settings.agent_image``) copies the
+  relocatable agent bundle into an emptyDir, mounted read-only at ``BUNDLE_MOUNT`` in the
+  sandbox container; that container runs the user's image with the bundle's launcher as its
+  command, so any image works (no shell or Python needed). The agent listens on TCP
+  ``settings.agent_port`` and requires the per-sandbox token;
+* a Secret ``orchard-agent-<id>`` holding that token (the pod reads it through a
+  ``secretKeyRef``), owned by the pod so Kubernetes deletes it with the pod;
+* for a sandbox with network only, a NetworkPolicy ``orchard-egress-<id>`` (also owned by the
+  pod) allowing egress to the internet except ``settings.egress_except``, plus DNS. Without it
+  the namespace's default-deny policy (installed by ``orchard deploy``) blocks all egress.
+
+Isolation of the pod: requests = limits for CPU and memory (Guaranteed QoS), an
+ephemeral-storage limit, ``activeDeadlineSeconds`` from the sandbox's TTL (a backstop for
+when the orchestrator is down), no service-account token, no service links, no privilege
+escalation, the RuntimeDefault seccomp profile, the NET_RAW capability dropped (the rest of
+the runtime's default set is kept so ordinary images, package managers included, work), and
+the profile's ``runtimeClassName`` (gVisor, Kata) when set. Kubernetes has no per-pod PID
+limit field: ``spec.pids_limit`` is enforced by the kubelet's ``podPidsLimit`` (on AKS, the
+sandbox node pool's kubelet config), not by the pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import functools
+import hashlib
+import ipaddress
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, NoReturn, ParamSpec, TypeVar
+
+import kubernetes.client
+import kubernetes.config
+import urllib3
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from orchard_env import errors
+from orchard_env.agent.bundle import BUNDLE_MOUNT, launch_argv, launch_env
+from orchard_env.config import ServiceSettings
+from orchard_env.orchestrator.backends.base import (
+    AgentEndpoint,
+    BackendSandbox,
+    Capability,
+    SandboxSpec,
+    SandboxState,
+)
+from orchard_env.protocol import LABEL_VALUE_RE, check_sandbox_id
+
+log = logging.getLogger(__name__)
+
+# Labels (see /work/notes/k8s-labels.md: the manifests' NetworkPolicies match these).
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_INSTANCE = "orchard.instance"
+LABEL_SANDBOX_ID = "orchard.sandbox-id"
+LABEL_OWNER = "orchard.owner"
+LABEL_NETWORK = "orchard.network"  # "open" on sandboxes with network
+USER_LABEL_PREFIX = "orchard.label/"  # + the user's label key (a DNS-subdomain prefix)
+ANNOTATION_RECORD = "orchard.record"
+MANAGED_BY = "orchard"
+
+TOKEN_ENV = "ORCHARD_AGENT_TOKEN"  # noqa: S105 - the variable's name, not a secret
+WORKDIR_ENV = "ORCHARD_AGENT_WORKDIR"
+TOKEN_KEY = "token"  # noqa: S105 - the key in the Secret's data
+MAIN_CONTAINER = "sandbox"
+INIT_CONTAINER = "agent-injector"
+BUNDLE_VOLUME = "orchard-agent"
+BUNDLE_VOLUME_SIZE = "512Mi"  # the bundle is about 75 MB
+INIT_MEMORY = 256 * 1024**2  # the copy's memory (capped at the sandbox's own)
+# What a sandbox asks the scheduler for in disk: the limit is settings.ephemeral_storage, but
+# requesting all of it would cap a node at a few sandboxes whatever their CPU and memory.
+EPHEMERAL_STORAGE_REQUEST = 1024**3
+# The agent bundle is built for x86_64 (the agent-injector image); the pods are pinned to
+# amd64 nodes so the loader in the command line always matches the bundle.
+SANDBOX_MACHINE = "x86_64"
+SANDBOX_NODE_ARCH = "amd64"
+NODE_SELECTOR = {"workload": "sandbox", "kubernetes.io/arch": SANDBOX_NODE_ARCH}
+TOLERATIONS = (
+    {"key": "workload", "operator": "Equal", "value": "sandbox", "effect": "NoSchedule"},
+    {
+        "key": "kubernetes.azure.com/scalesetpriority",
+        "operator": "Equal",
+        "value": "spot",
+        "effect": "NoSchedule",
+    },
+)
+DNS_PORTS = ({"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53})
+TERMINATION_GRACE_SECONDS = 10
+
+# Waiting reasons of a container whose image cannot be pulled: the pod would wait forever.
+PULL_FAILURES = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+)
+# Waiting reasons that mean the container cannot be made as specified.
+CREATE_FAILURES = frozenset({"CreateContainerConfigError", "CreateContainerError"})
+MAX_REASON = 600  # characters of a kubelet message kept in a reason
+REQUEST_TIMEOUT = (10, 60)  # seconds to connect, and to wait for an answer (not for watches)
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+Pod = dict[str, Any]
+
+
+def pod_name(sandbox_id: str) -> str:
+    return sandbox_id
+
+
+SECRET_PREFIX = "orchard-agent-"  # noqa: S105 - a name prefix
+POLICY_PREFIX = "orchard-egress-"
+
+
+def dependent_names(spec: SandboxSpec) -> tuple[str, str]:
+    """The names of a sandbox's token Secret and egress policy: ``orchard-agent-<id>-<x>`` and
+    ``orchard-egress-<id>-<x>``, ``<x>`` from a hash of its token. Unique per pod, so the
+    kubelet can never read a Secret left over from an earlier pod of the same id (deleted
+    behind the orchestrator's back, its dependents not garbage-collected yet)."""
+    suffix = hashlib.sha256(spec.agent_token.encode()).hexdigest()[:10]
+    return (
+        f"{SECRET_PREFIX}{spec.sandbox_id}-{suffix}",
+        f"{POLICY_PREFIX}{spec.sandbox_id}-{suffix}",
+    )
+
+
+def _token_ref(pod: Pod) -> dict[str, Any]:
+    """The secretKeyRef through which the pod's agent gets its token ({} if none)."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for variable in container.get("env") or []:
+            if variable.get("name") == TOKEN_ENV:
+                ref: dict[str, Any] = (variable.get("valueFrom") or {}).get("secretKeyRef") or {}
+                return ref
+    return {}
+
+
+def pod_dependents(pod: Pod) -> tuple[str, str] | None:
+    """The names of the Secret and policy of a pod made by :func:`pod_manifest`."""
+    secret = str(_token_ref(pod).get("name") or "")
+    if not secret.startswith(SECRET_PREFIX):
+        return None
+    return secret, POLICY_PREFIX + secret.removeprefix(SECRET_PREFIX)
+
+
+def instance_selector(instance: str) -> str:
+    """The label selector of every pod an orchestrator instance owns."""
+    return f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_INSTANCE}={instance}"
+
+
+# --- client configuration --------------------------------------------------------------------
+
+
+def load_api_client(settings: ServiceSettings, *, pool_size: int = 16) -> Any:
+    """An ``ApiClient`` for the cluster: ``settings.k8s_kubeconfig`` (and ``k8s_context``) when
+    set; else the pod's service account when running in a cluster; else ``KUBECONFIG`` or
+    ``~/.kube/config``. Raises :class:`~orchard_env.errors.ConfigError` naming what failed."""
+    configuration = kubernetes.client.Configuration()
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    kubeconfig = settings.k8s_kubeconfig
+    try:
+        if kubeconfig is None and in_cluster and settings.k8s_context is None:
+            source = "the in-cluster service account"
+            kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+        else:
+            kubeconfig = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+            source = f"kubeconfig {kubeconfig}" + (
+                f" (context {settings.k8s_context})" if settings.k8s_context else ""
+            )
+            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=os.path.expanduser(kubeconfig),  # noqa: PTH111 - may be a:b list
+                context=settings.k8s_context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+    except (ConfigException, OSError, ValueError) as exc:
+        raise errors.ConfigError(
+            f"cannot load the Kubernetes credentials from {source}: {exc}",
+            hint="set k8s_kubeconfig / k8s_context (ORCHARD_K8S_KUBECONFIG, "
+            "ORCHARD_K8S_CONTEXT), or KUBECONFIG; in a cluster the orchestrator uses its "
+            "service account",
+        ) from exc
+    configuration.connection_pool_maxsize = pool_size + 1  # + the watch
+    return kubernetes.client.ApiClient(configuration)
+
+
+# --- manifests -------------------------------------------------------------------------------
+
+
+def _quantity_cpu(cores: float) -> str:
+    return f"{round(cores * 1000)}m"
+
+
+def _owner_reference(pod: Pod) -> dict[str, Any]:
+    """Makes an object a dependent of the sandbox's pod: deleted with it by the garbage
+    collector (no blockOwnerDeletion, which would need update rights on the pod)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": pod["metadata"]["name"],
+        "uid": pod["metadata"]["uid"],
+    }
+
+
+def _ttl_seconds(spec: SandboxSpec) -> int | None:
+    """The sandbox's lifetime cap, read from its record annotation (SandboxSpec has no field
+    for it): the orchestrator's record JSON carries ``ttl_seconds``; 0 or absent = none."""
+    if spec.record_annotation is None:
+        return None
+    try:
+        value = json.loads(spec.record_annotation).get("ttl_seconds")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _labels(settings: ServiceSettings, spec: SandboxSpec) -> dict[str, str]:
+    labels = {
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_INSTANCE: settings.instance,
+        LABEL_SANDBOX_ID: spec.sandbox_id,
+    }
+    if spec.owner is not None and LABEL_VALUE_RE.match(spec.owner):
+        labels[LABEL_OWNER] = spec.owner
+    return labels
+
+
+def pod_manifest(settings: ServiceSettings, spec: SandboxSpec) -> Pod:
+    """The pod of one sandbox (see the module docstring for what each part is for)."""
+    agent_image = settings.agent_image
+    if agent_image is None:
+        raise _no_agent_image()
+    labels = _labels(settings, spec)
+    if not spec.block_network:
+        labels[LABEL_NETWORK] = "open"
+    labels.update({USER_LABEL_PREFIX + key: value for key, value in spec.labels.items()})
+    annotations = {}
+    if spec.record_annotation is not None:
+        annotations[ANNOTATION_RECORD] = spec.record_annotation
+    env = {**spec.env, **launch_env(BUNDLE_MOUNT), WORKDIR_ENV: spec.workdir}
+    env.pop(TOKEN_ENV, None)
+    cpu = _quantity_cpu(spec.cpu)
+    main_resources = {
+        "requests": {
+            "cpu": cpu,
+            "memory": str(spec.memory_bytes),
+            "ephemeral-storage": str(min(EPHEMERAL_STORAGE_REQUEST, settings.ephemeral_storage)),
+        },
+        "limits": {
+            "cpu": cpu,
+            "memory": str(spec.memory_bytes),
+            "ephemeral-storage": str(settings.ephemeral_storage),
+        },
+    }
+    # requests = limits for the init container too (Guaranteed QoS needs every container to),
+    # never above the sandbox's own, so it does not raise what the pod asks the scheduler for.
+    init_limits = {"cpu": cpu, "memory": str(min(INIT_MEMORY, spec.memory_bytes))}
+    bundle_mount = {"name": BUNDLE_VOLUME, "mountPath": BUNDLE_MOUNT}
+    token_ref = {"name": dependent_names(spec)[0], "key": TOKEN_KEY}
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "nodeSelector": dict(NODE_SELECTOR),
+        "tolerations": [dict(toleration) for toleration in TOLERATIONS],
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "initContainers": [
+            {
+                "name": INIT_CONTAINER,
+                "image": agent_image,
+                "imagePullPolicy": "IfNotPresent",
+                "args": [BUNDLE_MOUNT],
+                "volumeMounts": [bundle_mount],
+                "resources": {"requests": init_limits, "limits": dict(init_limits)},
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+                # The injector copies files and needs nothing else (its tar keeps no owners).
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "readOnlyRootFilesystem": True,
+                    "runAsNonRoot": True,
+                    "runAsUser": 65534,
+                    "runAsGroup": 65534,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }
+        ],
+        "containers": [
+            {
+                "name": MAIN_CONTAINER,
+                "image": spec.image,
+                "command": launch_argv(
+                    BUNDLE_MOUNT, f"tcp:0.0.0.0:{settings.agent_port}", SANDBOX_MACHINE
+                ),
+                "args": [],
+                "workingDir": spec.workdir,
+                "env": [
+                    {
+                        "name": TOKEN_ENV,
+                        "valueFrom": {"secretKeyRef": token_ref},
+                    },
+                    *({"name": name, "value": value} for name, value in env.items()),
+                ],
+                "ports": [{"name": "agent", "containerPort": settings.agent_port}],
+                # Kubernetes' view only; the orchestrator itself checks the agent's /health.
+                "readinessProbe": {"tcpSocket": {"port": settings.agent_port}, "periodSeconds": 5},
+                "resources": main_resources,
+                "volumeMounts": [{**bundle_mount, "readOnly": True}],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["NET_RAW"]},
+                },
+            }
+        ],
+        "volumes": [{"name": BUNDLE_VOLUME, "emptyDir": {"sizeLimit": BUNDLE_VOLUME_SIZE}}],
+    }
+    ttl = _ttl_seconds(spec)
+    if ttl is not None:
+        # The orchestrator ends the sandbox at its TTL; the deadline (counted from the pod's
+        # start, so never earlier) only acts when it could not, e.g. while it was down.
+        pod_spec["activeDeadlineSeconds"] = ttl + max(60, 2 * settings.reap_interval_seconds)
+    if settings.runtime_class:
+        pod_spec["runtimeClassName"] = settings.runtime_class
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(spec.sandbox_id),
+            "namespace": settings.k8s_namespace,
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": pod_spec,
+    }
+
+
+def token_secret(settings: ServiceSettings, spec: SandboxSpec, pod: Pod) -> dict[str, Any]:
+    """The Secret holding the agent token of the sandbox whose (created) pod is ``pod``."""
+    token = base64.b64encode(spec.agent_token.encode()).decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": dependent_names(spec)[0],
+            "namespace": settings.k8s_namespace,
+            "labels": _labels(settings, spec),
+            "ownerReferences": [_owner_reference(pod)],
+        },
+        "type": "Opaque",
+        "immutable": True,
+        "data": {TOKEN_KEY: token},
+    }
+
+
+def egress_policy(settings: ServiceSettings, spec: SandboxSpec, pod: Pod) -> dict[str, Any]:
+    """The NetworkPolicy that lets a sandbox with network reach the internet (everything but
+    ``settings.egress_except``) and DNS. IPv6 is opened only when ``egress_except`` names an
+    IPv6 range (otherwise nothing would keep the cluster's IPv6 ranges out)."""
+    excepts = [ipaddress.ip_network(cidr) for cidr in settings.egress_except]
+    blocks = []
+    for version, everything in ((4, "0.0.0.0/0"), (6, "::/0")):
+        kept_out = [str(network) for network in excepts if network.version == version]
+        if version == 4 or kept_out:
+            block: dict[str, Any] = {"cidr": everything}
+            if kept_out:
+                block["except"] = kept_out
+            blocks.append({"ipBlock": block})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": dependent_names(spec)[1],
+            "namespace": settings.k8s_namespace,
+            "labels": _labels(settings, spec),
+            "ownerReferences": [_owner_reference(pod)],
+        },
+        "spec": {
+            "podSelector": {
+                "matchLabels": {
+                    LABEL_INSTANCE: settings.instance,
+                    LABEL_SANDBOX_ID: spec.sandbox_id,
+                }
+            },
+            "policyTypes": ["Egress"],
+            "egress": [
+                {"to": blocks},
+                {
+                    "to": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+                            },
+                            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                        }
+                    ],
+                    "ports": [dict(port) for port in DNS_PORTS],
+                },
+            ],
+        },
+    }
+
+
+# --- what a pod's status means ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodView:
+    """A pod's status read as a sandbox state."""
+
+    state: SandboxState
+    reason: str | None = None
+    exit_code: int | None = None
+    # (container name, waiting reason, kubelet message) when an image cannot be pulled.
+    pull_failure: tuple[str, str, str] | None = None
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
+
+def _statuses(status: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    return list(status.get(key) or [])
+
+
+def _terminated_reason(terminated: dict[str, Any], *, with_code: bool = False) -> str:
+    """``OOMKilled``, ``Error: <the container's last output>`` (FallbackToLogsOnError)."""
+    reason = terminated.get("reason") or "Error"
+    if with_code:
+        reason += f" (exit code {terminated.get('exitCode')})"
+    message = terminated.get("message")
+    return _clip(f"{reason}: {message}") if message else reason
+
+
+def view_pod(pod: Pod) -> PodView:
+    """Map a pod to a :class:`~.base.SandboxState`, reasons included."""
+    metadata = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    # Set when the kubelet ended the pod itself: DeadlineExceeded, Evicted (with the message).
+    pod_why = _clip(": ".join(str(p) for p in (status.get("reason"), status.get("message")) if p))
+    main = next(
+        (c for c in _statuses(status, "containerStatuses") if c.get("name") == MAIN_CONTAINER),
+        {},
+    )
+    terminated = (main.get("state") or {}).get("terminated")
+    if terminated is not None:
+        reason = _terminated_reason(terminated)
+        return PodView(
+            SandboxState.EXITED,
+            f"{pod_why}; {reason}" if pod_why else reason,
+            int(terminated.get("exitCode", 0)),
+        )
+    if metadata.get("deletionTimestamp"):
+        return PodView(SandboxState.EXITED, "its pod is being deleted")
+    for init in _statuses(status, "initContainerStatuses"):
+        init_terminated = (init.get("state") or {}).get("terminated")
+        if init_terminated is not None and init_terminated.get("exitCode", 0) != 0:
+            why = _terminated_reason(init_terminated, with_code=True)
+            return PodView(SandboxState.FAILED, f"the agent injector failed: {why}")
+    if phase in ("Failed", "Succeeded"):
+        return PodView(SandboxState.FAILED, pod_why or f"its pod's phase is {phase}")
+    secret_prefix = f'secret "{_token_ref(pod).get("name")}"'
+    for container in (*_statuses(status, "initContainerStatuses"), main):
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        waiting_reason, message = waiting.get("reason"), _clip(waiting.get("message") or "")
+        detail = f"{waiting_reason}: {message}" if message else str(waiting_reason)
+        if waiting_reason in PULL_FAILURES:
+            name = container.get("name", "?")
+            return PodView(
+                SandboxState.FAILED,
+                f"container {name}: {detail}",
+                pull_failure=(name, waiting_reason, message),
+            )
+        # Its own token Secret is made right after the pod: not there yet is not a failure.
+        if waiting_reason in CREATE_FAILURES and not message.startswith(secret_prefix):
+            return PodView(SandboxState.FAILED, detail)
+    if phase == "Running" and (main.get("state") or {}).get("running") is not None:
+        return PodView(SandboxState.RUNNING)
+    for condition in status.get("conditions") or []:
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == "Unschedulable"
+        ):
+            message = condition.get("message") or "no node can run it"
+            return PodView(SandboxState.UNSCHEDULABLE, _clip(message))
+    if phase == "Unknown":
+        # The node stopped reporting: the pod may still run (and its agent answer).
+        return PodView(SandboxState.RUNNING, "its pod's node does not report the pod's state")
+    return PodView(SandboxState.CREATING)
+
+
+def _created_at(pod: Pod) -> datetime:
+    stamp = (pod.get("metadata") or {}).get("creationTimestamp")
+    if not stamp:
+        return datetime.now(UTC)
+    return datetime.fromisoformat(str(stamp))
+
+
+# --- API errors ------------------------------------------------------------------------------
+
+
+def _status_message(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return f"{exc.status} {exc.reason}".strip()
+
+
+def _no_agent_image() -> errors.ConfigError:
+    return errors.ConfigError(
+        "the kubernetes backend needs the agent-injector image, and agent_image is not set",
+        hint="set ORCHARD_AGENT_IMAGE (`orchard images build` and `orchard images push` make "
+        "it; `orchard deploy` sets it for the orchestrator it deploys)",
+    )
+
+
+def _body(response: Any) -> Any:
+    """The JSON body of a raw (``_preload_content=False``) response, read to the end and its
+    connection given back to the pool (unread, it would poison the next request on it)."""
+    try:
+        return json.loads(response.data)
+    finally:
+        response.release_conn()
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is too old (410 Gone): list again."""
+
+
+# --- the watch-fed pod cache -----------------------------------------------------------------
+
+
+class PodCache:
+    """The pods matching one label selector, kept current by a list + watch thread.
+
+    ``notify(name)`` is called from the thread after each change (``None``: everything may have
+    changed, after a relist). :meth:`get` is authoritative only while :attr:`synced`.
+    """
+
+    def __init__(
+        self,
+        core: Any,
+        namespace: str,
+        selector: str,
+        notify: Callable[[str | None], None],
+        *,
+        watch_timeout: int = 300,
+        max_backoff: float = 10.0,
+    ) -> None:
+        self._core = core
+        self._namespace = namespace
+        self._selector = selector
+        self._notify = notify
+        self._watch_timeout = watch_timeout
+        self._max_backoff = max_backoff
+        self._pods: dict[str, Pod] = {}
+        self._deleted: set[str] = set()  # uids we deleted whose DELETED event may still come
+        self._lock = threading.Lock()
+        self._synced = threading.Event()
+        self._stopping = threading.Event()
+        self._response: Any = None
+        self._resource_version: str | None = None  # where the next watch continues from
+        self._thread = threading.Thread(target=self._run, name="orchard-k8s-watch", daemon=True)
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread; an open watch is cut at once (its socket is shut down)."""
+        self._stopping.set()
+        with self._lock:
+            response = self._response
+        if response is not None:
+            with contextlib.suppress(Exception):
+                response.shutdown()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def get(self, name: str) -> Pod | None:
+        with self._lock:
+            return self._pods.get(name)
+
+    def offer(self, pod: Pod) -> None:
+        """A pod this process just created: known before its ADDED event arrives."""
+        name = pod["metadata"]["name"]
+        with self._lock:
+            self._pods.setdefault(name, pod)
+        self._notify(name)
+
+    def forget(self, pod: Pod) -> None:
+        """A pod this process just deleted: gone before its DELETED event arrives."""
+        name, uid = pod["metadata"]["name"], pod["metadata"].get("uid")
+        with self._lock:
+            current = self._pods.get(name)
+            # Until its DELETED event comes, late events of this pod must not bring it back.
+            if current is not None and current["metadata"].get("uid") == uid:
+                del self._pods[name]
+                self._deleted.add(uid)
+        self._notify(name)
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while not self._stopping.is_set():
+            try:
+                if self._resource_version is None:
+                    self._relist()
+                self._watch()
+                backoff = 0.5
+            except _Expired:
+                log.info("pod watch expired (410 Gone); listing again")
+                self._resource_version = None
+            except Exception as exc:
+                if self._stopping.is_set():
+                    break
+                self._synced.clear()
+                log.warning(
+                    "pod watch failed; retrying",
+                    extra={"error": f"{type(exc).__name__}: {exc}", "retry_in": backoff},
+                )
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+
+    def _relist(self) -> None:
+        response = self._core.list_namespaced_pod(
+            self._namespace,
+            label_selector=self._selector,
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        listing = _body(response)
+        pods = {item["metadata"]["name"]: item for item in listing.get("items") or []}
+        with self._lock:
+            self._pods = pods
+            self._deleted.clear()
+        self._resource_version = str(listing["metadata"]["resourceVersion"])
+        self._synced.set()
+        self._notify(None)
+
+    def _watch(self) -> None:
+        """Follow changes from the last resourceVersion seen until the server ends the watch
+        (its timeout) or the connection drops."""
+        from kubernetes.watch.watch import iter_resp_lines
+
+        try:
+            response = self._core.list_namespaced_pod(
+                self._namespace,
+                label_selector=self._selector,
+                watch=True,
+                resource_version=self._resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=self._watch_timeout,
+                _preload_content=False,
+                _request_timeout=(10, self._watch_timeout + 30),
+            )
+        except ApiException as exc:
+            if exc.status == 410:
+                raise _Expired from exc
+            raise
+        with self._lock:
+            self._response = response
+        try:
+            if self._stopping.is_set():
+                return
+            self._synced.set()
+            for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
+                if line:
+                    self._apply(json.loads(line))
+        finally:
+            with self._lock:
+                self._response = None
+            response.close()
+            response.release_conn()
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise _Expired
+            raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+        metadata = obj.get("metadata") or {}
+        if kind != "BOOKMARK":
+            name, uid = metadata["name"], metadata.get("uid")
+            with self._lock:
+                if kind == "DELETED":
+                    current = self._pods.get(name)
+                    if current is not None and current["metadata"].get("uid") == uid:
+                        del self._pods[name]
+                    self._deleted.discard(uid)
+                elif uid not in self._deleted:
+                    self._pods[name] = obj
+            self._notify(name)
+        if metadata.get("resourceVersion"):
+            self._resource_version = str(metadata["resourceVersion"])
+
+
+# --- the backend ---------------------------------------------------------------------------
+
+
+class KubernetesBackend:
+    """Sandboxes as pods in ``settings.k8s_namespace``."""
+
+    name = "kubernetes"
+    capabilities = frozenset({Capability.NETWORK_ISOLATION, Capability.PTY})
+
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        *,
+        api_client: Any = None,
+        start_timeout: float = 20.0,
+        concurrency: int = 16,
+        watch_timeout: int = 300,
+    ) -> None:
+        """``api_client``: a ``kubernetes.client.ApiClient`` (default: from the settings, see
+        :func:`load_api_client`; one passed in is not closed by :meth:`close`).
+        ``start_timeout``: how long :meth:`create` waits for the pod to run before returning it
+        as still creating (pull errors and unschedulable pods return sooner).
+        ``concurrency``: API calls in flight at once."""
+        if not LABEL_VALUE_RE.match(settings.instance) or not settings.instance:
+            raise errors.ConfigError(
+                f"instance {settings.instance!r} cannot be a Kubernetes label value",
+                hint="instance: up to 63 letters, digits, '-', '_', '.', starting and ending "
+                "with a letter or digit",
+            )
+        if settings.agent_image is None:
+            raise _no_agent_image()
+        self._settings = settings
+        self._namespace = settings.k8s_namespace
+        self._start_timeout = start_timeout
+        self._owns_client = api_client is None
+        self._api = api_client if api_client is not None else load_api_client(settings)
+        # Typed as Any: the bodies are plain dicts (what the API server gets, and what the tests
+        # validate against the Kubernetes schemas), not the client's model classes.
+        self._core: Any = kubernetes.client.CoreV1Api(self._api)
+        self._networking: Any = kubernetes.client.NetworkingV1Api(self._api)
+        self._where = str(self._api.configuration.host)
+        self._executor = ThreadPoolExecutor(concurrency, thread_name_prefix="orchard-k8s")
+        self._tokens: dict[str, str] = {}
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._cache = PodCache(
+            self._core,
+            self._namespace,
+            instance_selector(settings.instance),
+            self._notify_threadsafe,
+            watch_timeout=watch_timeout,
+        )
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _ensure_started(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._cache.start()
+
+    def _notify_threadsafe(self, name: str | None) -> None:
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(self._wake, name)
+
+    def _wake(self, name: str | None) -> None:
+        names = list(self._waiters) if name is None else [name]
+        for each in names:
+            for event in self._waiters.get(each, ()):
+                event.set()
+
+    @contextlib.contextmanager
+    def _waiter(self, name: str) -> Iterator[asyncio.Event]:
+        event = asyncio.Event()
+        self._waiters.setdefault(name, set()).add(event)
+        try:
+            yield event
+        finally:
+            waiting = self._waiters.get(name)
+            if waiting is not None:
+                waiting.discard(event)
+                if not waiting:
+                    del self._waiters[name]
+
+    async def _call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Run a blocking API call on the backend's pool; an API server that does not answer
+        (or answers 429/5xx) is :class:`~orchard_env.errors.BackendUnavailable`."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(
+                self._executor, functools.partial(fn, *args, **kwargs)
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise errors.BackendUnavailable(
+                f"the Kubernetes API at {self._where} did not answer: {exc}",
+                hint="check the cluster and the orchestrator's network path to it",
+            ) from exc
+        except ApiException as exc:
+            if exc.status == 429 or (exc.status or 0) >= 500:
+                raise errors.BackendUnavailable(
+                    f"the Kubernetes API at {self._where} is overloaded or failing: "
+                    f"{_status_message(exc)}"
+                ) from exc
+            raise
+
+    def _api_error(self, exc: ApiException, action: str) -> errors.OrchardError:
+        """A clear error for an API refusal that the caller does not handle itself."""
+        message = _status_message(exc)
+        if exc.status == 401:
+            return errors.OrchardError(
+                f"the Kubernetes API at {self._where} rejected the orchestrator's credentials "
+                f"while it tried to {action}: {message}",
+                hint="refresh the kubeconfig (k8s_kubeconfig / KUBECONFIG) or the service "
+                "account token",
+            )
+        if exc.status == 403:
+            return errors.OrchardError(
+                f"the orchestrator may not {action} in namespace {self._namespace}: {message}",
+                hint="grant it in the orchard-orchestrator Role (`orchard deploy` installs it)",
+            )
+        if exc.status == 404:
+            return errors.OrchardError(
+                f"could not {action}: {message}",
+                hint=f"does namespace {self._namespace} exist? `orchard deploy` creates it "
+                "(setting k8s_namespace / ORCHARD_K8S_NAMESPACE)",
+            )
+        if exc.status in (400, 422):
+            return errors.InvalidRequest(f"Kubernetes refused to {action}: {message}")
+        return errors.OrchardError(f"could not {action}: {message}")
+
+    # -- blocking calls (run on the pool) ---------------------------------------------------
+
+    def _read_pod(self, name: str) -> Pod | None:
+        try:
+            response = self._core.read_namespaced_pod(
+                name, self._namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        pod: Pod = _body(response)
+        return pod
+
+    def _read_token(self, secret: str) -> str | None:
+        try:
+            response = self._core.read_namespaced_secret(
+                secret, self._namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        data = _body(response).get("data") or {}
+        if TOKEN_KEY not in data:
+            return None
+        return base64.b64decode(data[TOKEN_KEY]).decode()
+
+    def _create_pod(self, manifest: Pod) -> Pod:
+        response = self._core.create_namespaced_pod(
+            self._namespace, manifest, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+        )
+        pod: Pod = _body(response)
+        return pod
+
+    def _create_dependents(self, spec: SandboxSpec, pod: Pod) -> None:
+        """The pod's token Secret and (with network) its egress policy, owned by the pod."""
+        _body(
+            self._core.create_namespaced_secret(
+                self._namespace,
+                token_secret(self._settings, spec, pod),
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        )
+        if not spec.block_network:
+            _body(
+                self._networking.create_namespaced_network_policy(
+                    self._namespace,
+                    egress_policy(self._settings, spec, pod),
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT,
+                )
+            )
+
+    def _delete_objects(self, pod: Pod) -> None:
+        """Delete the pod (at once: grace period 0; only this uid) and its Secret and policy.
+
+        A pod already gone, or replaced by another of the same name since it was looked at,
+        is left alone: its Secret and policy go with their owner (garbage collection)."""
+        metadata = pod["metadata"]
+        try:
+            response = self._core.delete_namespaced_pod(
+                metadata["name"],
+                self._namespace,
+                grace_period_seconds=0,
+                body={"preconditions": {"uid": metadata["uid"]}, "gracePeriodSeconds": 0},
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+            _body(response)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return
+            raise
+        names = pod_dependents(pod)
+        if names is None:
+            return
+        dependents = (
+            (self._core.delete_namespaced_secret, names[0]),
+            (self._networking.delete_namespaced_network_policy, names[1]),
+        )
+        for delete, name in dependents:
+            try:
+                _body(
+                    delete(
+                        name,
+                        self._namespace,
+                        _preload_content=False,
+                        _request_timeout=REQUEST_TIMEOUT,
+                    )
+                )
+            except ApiException as exc:
+                if exc.status != 404:  # the garbage collector was first
+                    raise
+
+    def _list_pods(self) -> list[Pod]:
+        response = self._core.list_namespaced_pod(
+            self._namespace,
+            label_selector=instance_selector(self._settings.instance),
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        items: list[Pod] = _body(response).get("items") or []
+        return items
+
+    # -- describing ---------------------------------------------------------------------------
+
+    def _ours(self, pod: Pod) -> bool:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        return (
+            labels.get(LABEL_MANAGED_BY) == MANAGED_BY
+            and labels.get(LABEL_INSTANCE) == self._settings.instance
+            and LABEL_SANDBOX_ID in labels
+        )
+
+    async def _token(self, pod: Pod) -> str | None:
+        """The agent token of a pod, from the Secret it names (read once, then remembered)."""
+        names = pod_dependents(pod)
+        if names is None:
+            return None
+        secret = names[0]
+        token = self._tokens.get(secret)
+        if token is None:
+            try:
+                token = await self._call(self._read_token, secret)
+            except ApiException as exc:
+                raise self._api_error(exc, f"read the agent token Secret {secret}") from exc
+            if token is not None:
+                self._tokens[secret] = token
+        return token
+
+    async def _describe(self, pod: Pod, view: PodView | None = None) -> BackendSandbox:
+        metadata = pod["metadata"]
+        sandbox_id = metadata["labels"][LABEL_SANDBOX_ID]
+        view = view or view_pod(pod)
+        agent = None
+        ip = (pod.get("status") or {}).get("podIP")
+        if ip and view.state in (SandboxState.CREATING, SandboxState.RUNNING):
+            token = await self._token(pod)
+            if token is not None:
+                agent = AgentEndpoint(token=token, host=ip, port=self._settings.agent_port)
+        return BackendSandbox(
+            sandbox_id=sandbox_id,
+            state=view.state,
+            agent=agent,
+            created_at=_created_at(pod),
+            reason=view.reason,
+            exit_code=view.exit_code,
+            record_annotation=(metadata.get("annotations") or {}).get(ANNOTATION_RECORD),
+        )
+
+    async def _current(self, sandbox_id: str) -> Pod | None:
+        """The sandbox's pod if it is ours: from the cache, else asked of the API server (a
+        pod missing from the cache is confirmed gone before anyone is told so)."""
+        name = pod_name(sandbox_id)
+        pod = self._cache.get(name) if self._cache.synced else None
+        if pod is None:
+            try:
+                pod = await self._call(self._read_pod, name)
+            except ApiException as exc:
+                raise self._api_error(exc, f"read pod {name}") from exc
+        return pod if pod is not None and self._ours(pod) else None
+
+    # -- create -------------------------------------------------------------------------------
+
+    def _check_id(self, sandbox_id: str) -> None:
+        try:
+            check_sandbox_id(sandbox_id)
+        except ValueError as exc:
+            raise errors.InvalidRequest(str(exc)) from exc
+
+    async def create(self, spec: SandboxSpec) -> BackendSandbox:
+        self._ensure_started()
+        self._check_id(spec.sandbox_id)
+        manifest = pod_manifest(self._settings, spec)
+        try:
+            pod = await self._call(self._create_pod, manifest)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise errors.SandboxExists(
+                    f"sandbox {spec.sandbox_id!r} already exists (a pod of that name runs in "
+                    f"namespace {self._namespace})",
+                    hint="delete it first, or create the new one with another sandbox_id",
+                ) from exc
+            raise self._api_error(exc, f"create pod {spec.sandbox_id}") from exc
+        self._tokens[dependent_names(spec)[0]] = spec.agent_token
+        self._cache.offer(pod)
+        try:
+            await self._call(self._create_dependents, spec, pod)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):  # the orchestrator deletes it again anyway
+                await self._remove(spec.sandbox_id, pod)
+            if isinstance(exc, ApiException):
+                raise self._api_error(
+                    exc, f"create the token Secret or NetworkPolicy of sandbox {spec.sandbox_id}"
+                ) from exc
+            raise
+        return await self._wait_started(spec, pod)
+
+    async def _wait_started(self, spec: SandboxSpec, created: Pod) -> BackendSandbox:
+        """Wait until the pod runs, cannot run, or ``start_timeout`` passes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._start_timeout
+        name = pod_name(spec.sandbox_id)
+        pod = created
+        while True:
+            with self._waiter(name) as changed:
+                current = await self._current(spec.sandbox_id)
+                if current is None:
+                    raise errors.OrchardError(
+                        f"pod {name} disappeared while it was starting (deleted by someone "
+                        "else, or evicted)"
+                    )
+                pod = current
+                view = view_pod(pod)
+                if view.state is SandboxState.FAILED:
+                    with contextlib.suppress(Exception):  # the orchestrator retries it
+                        await self._remove(spec.sandbox_id, pod)
+                    if view.pull_failure is not None:
+                        raise self._pull_error(spec, pod, view.pull_failure)
+                    raise errors.OrchardError(
+                        f"sandbox {spec.sandbox_id!r} could not start: {view.reason}"
+                    )
+                started = view.state is not SandboxState.CREATING
+                remaining = deadline - loop.time()
+                if started or remaining <= 0:
+                    return await self._describe(pod, view)
+                # Woken by the watch; looking again now and then covers a watch that is down.
+                look_again = 2.0 if self._cache.synced else 0.25
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(remaining, look_again))
+
+    def _pull_error(
+        self, spec: SandboxSpec, pod: Pod, failure: tuple[str, str, str]
+    ) -> errors.OrchardError:
+        container, reason, message = failure
+        node = (pod.get("spec") or {}).get("nodeName")
+        where = f" on node {node}" if node else ""
+        detail = f"{reason}: {message}" if message else reason
+        if container == INIT_CONTAINER:
+            return errors.ConfigError(
+                f"the agent-injector image {self._settings.agent_image!r} cannot be pulled"
+                f"{where}: {detail}",
+                hint="check agent_image (ORCHARD_AGENT_IMAGE) and that the cluster may pull "
+                "from its registry (`orchard images push`; on AKS, attach the ACR)",
+            )
+        return errors.ImageNotFound(
+            f"image {spec.image!r} cannot be pulled{where}: {detail}",
+            hint="check the name and tag; a private registry must be reachable and "
+            "authorised from the cluster's nodes (on AKS, attach the ACR to the cluster)",
+        )
+
+    # -- the rest of the protocol -------------------------------------------------------------
+
+    async def inspect(self, sandbox_id: str) -> BackendSandbox | None:
+        self._ensure_started()
+        self._check_id(sandbox_id)
+        pod = await self._current(sandbox_id)
+        return None if pod is None else await self._describe(pod)
+
+    async def list(self) -> list[BackendSandbox]:
+        """Every pod of this instance, asked of the API server (not the cache): the
+        orchestrator's reconciliation adopts what it has no record of."""
+        self._ensure_started()
+        try:
+            pods = await self._call(self._list_pods)
+        except ApiException as exc:
+            raise self._api_error(exc, "list the sandbox pods") from exc
+        ours = [pod for pod in pods if self._ours(pod)]
+        # Forget the tokens of pods that are gone (deleted by someone else).
+        live = {names[0] for pod in ours if (names := pod_dependents(pod)) is not None}
+        for secret in set(self._tokens) - live:
+            self._tokens.pop(secret, None)
+        return list(await asyncio.gather(*(self._describe(pod) for pod in ours)))
+
+    async def delete(self, sandbox_id: str) -> None:
+        self._ensure_started()
+        self._check_id(sandbox_id)
+        pod = await self._current(sandbox_id)
+        if pod is not None:  # else never ours, or gone (its Secret and policy go with it)
+            await self._remove(sandbox_id, pod)
+
+    async def _remove(self, sandbox_id: str, pod: Pod) -> None:
+        try:
+            await self._call(self._delete_objects, pod)
+        except ApiException as exc:
+            raise self._api_error(exc, f"delete sandbox {sandbox_id}") from exc
+        self._cache.forget(pod)
+        names = pod_dependents(pod)
+        if names is not None:
+            self._tokens.pop(names[0], None)
+
+    async def snapshot(
+        self, sandbox_id: str, snapshot_id: str, *, parent: str | None = None
+    ) -> NoReturn:
+        raise errors.NotSupported(
+            "snapshots are not supported by the kubernetes backend in this version",
+            hint="the local engine backend (ORCHARD_BACKEND=docker) supports them",
+        )
+
+    async def delete_snapshot(self, ref: str) -> NoReturn:
+        raise errors.NotSupported(
+            "snapshots are not supported by the kubernetes backend in this version"
+        )
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._cache.stop)
+        await asyncio.to_thread(self._executor.shutdown, True)
+        if self._owns_client:
+            await asyncio.to_thread(self._api.close)

@@ -1,0 +1,58 @@
+"""Fixtures of the Kubernetes backend tests: a fake cluster (API server + kubelet) and
+settings pointing at it through a kubeconfig, as a developer's orchestrator would."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchard_env.config import ServiceSettings
+from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend
+from tests.orchestrator.backends.kube_fake import FakeKubeApi, FakeKubelet, fake_cluster
+from tests.orchestrator.conftest import make_settings
+
+AGENT_IMAGE = "registry.example/orchard/agent-injector:0.1.0"
+NAMESPACE = "orchard-sandboxes"
+
+
+@dataclass
+class Cluster:
+    api: FakeKubeApi
+    kubelet: FakeKubelet
+    kubeconfig: Path
+
+    def settings(self, state_dir: Path, **overrides: Any) -> ServiceSettings:
+        values: dict[str, Any] = {
+            "backend": "kubernetes",
+            "agent_image": AGENT_IMAGE,
+            "k8s_kubeconfig": str(self.kubeconfig),
+            "k8s_namespace": NAMESPACE,
+            "agent_port": self.kubelet.agent_port,
+            **overrides,
+        }
+        return make_settings(state_dir, **values)
+
+    def names(self, resource: str) -> list[str]:
+        return self.api.names(resource, NAMESPACE)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with fake_cluster(tmp_path) as (api, kubelet, kubeconfig):
+        yield Cluster(api, kubelet, kubeconfig)
+
+
+@pytest.fixture
+def kube_settings(cluster: Cluster, tmp_path: Path) -> ServiceSettings:
+    return cluster.settings(tmp_path / "state")
+
+
+@pytest.fixture
+async def kube(kube_settings: ServiceSettings) -> AsyncIterator[KubernetesBackend]:
+    backend = KubernetesBackend(kube_settings)
+    yield backend
+    await backend.close()

@@ -1,0 +1,163 @@
+"""The orchestrator (create_app, in-process) on the Kubernetes backend and a fake cluster: the
+readiness probe, exec and files really talk to the agent at the pod's IP; reconciliation after
+a restart that lost every record adopts the pods and deletes none."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from orchard_env.config import ServiceSettings
+from orchard_env.orchestrator.app import create_app
+from orchard_env.orchestrator.keys import create_key
+from orchard_env.orchestrator.services import Orchard
+from tests.orchestrator.backends.conftest import NAMESPACE, Cluster
+from tests.orchestrator.backends.kube_fake import MISSING_IMAGE
+from tests.orchestrator.conftest import eventually
+
+IMAGE = "registry.example/sandbox:1"
+Start = Callable[[ServiceSettings], Awaitable[tuple[Orchard, httpx.AsyncClient]]]
+
+
+@pytest.fixture
+async def start() -> AsyncIterator[Start]:
+    """Start orchestrators as `orchard serve` would: the app makes its own backend from the
+    settings (``make_backend``) and closes it when it stops."""
+    async with AsyncExitStack() as stack:
+
+        async def start(settings: ServiceSettings) -> tuple[Orchard, httpx.AsyncClient]:
+            app = create_app(settings)
+            await stack.enter_async_context(app.router.lifespan_context(app))
+            orchard: Orchard = app.state.orchard
+            admin = await create_key(orchard.store, "admin", admin=True)
+            http = await stack.enter_async_context(
+                httpx.AsyncClient(
+                    transport=httpx.ASGITransport(app=app),
+                    base_url="http://orchard",
+                    headers={"X-API-Key": admin.api_key},
+                )
+            )
+            return orchard, http
+
+        yield start
+
+
+async def create_ready(http: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
+    response = await http.post("/sandboxes", json={"image": IMAGE, **body})
+    assert response.status_code == 201, response.text
+    sandbox_id = response.json()["sandbox_id"]
+    ready = await http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 20})
+    assert ready.status_code == 200, ready.text
+    info: dict[str, Any] = ready.json()
+    assert info["status"] == "ready", info
+    return info
+
+
+async def run(http: httpx.AsyncClient, sandbox_id: str, command: str) -> dict[str, Any]:
+    response = await http.post(
+        f"/sandboxes/{sandbox_id}/exec", json={"command": command, "wait": True}
+    )
+    assert response.status_code == 200, response.text
+    job: dict[str, Any] = response.json()
+    return job
+
+
+async def test_a_sandbox_on_kubernetes_from_create_to_delete(
+    start: Start, cluster: Cluster, kube_settings: ServiceSettings
+) -> None:
+    orchard, http = await start(kube_settings)
+    assert orchard.backend.name == "kubernetes"
+    info = await create_ready(http, sandbox_id="box", labels={"team": "rl"}, block_network=False)
+    assert info["backend"] == "kubernetes" and info["pod_name"] == "box"
+    job = await run(http, "box", "echo hello from the pod")
+    assert (job["status"], job["stdout"]) == ("succeeded", "hello from the pod\n")
+    pod = cluster.api.get("pods", NAMESPACE, "box")
+    assert pod is not None and pod["metadata"]["labels"]["orchard.label/team"] == "rl"
+
+    deleted = await http.delete("/sandboxes/box")
+    assert deleted.status_code == 200
+    assert cluster.names("pods") == []
+    assert cluster.names("secrets") == [] and cluster.names("networkpolicies") == []
+
+
+async def test_an_unpullable_image_is_422_at_once_and_leaves_nothing(
+    start: Start, cluster: Cluster, kube_settings: ServiceSettings
+) -> None:
+    _, http = await start(kube_settings)
+    response = await http.post("/sandboxes", json={"image": MISSING_IMAGE, "sandbox_id": "nope"})
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert detail["code"] == "image_not_found"
+    assert detail["message"].startswith(
+        "image 'registry.example/missing:1' cannot be pulled on node aks-sandbox-0: ErrImagePull: "
+    )
+    assert cluster.names("pods") == [] and cluster.names("secrets") == []
+    assert (await http.get("/sandboxes/nope")).status_code == 404
+
+
+async def test_unschedulable_is_shown_with_the_reason_until_a_node_joins(
+    start: Start, cluster: Cluster, kube_settings: ServiceSettings
+) -> None:
+    _, http = await start(kube_settings)
+    response = await http.post("/sandboxes", json={"image": IMAGE, "sandbox_id": "big", "cpu": 12})
+    assert response.status_code == 201
+
+    async def unschedulable() -> bool:
+        info = (await http.get("/sandboxes/big")).json()
+        return bool(info["status"] == "unschedulable")
+
+    await eventually(unschedulable)
+    info = (await http.get("/sandboxes/big")).json()
+    assert info["status_message"].startswith("0/1 nodes are available: 1 Insufficient cpu.")
+    cluster.kubelet.grow(8.0)
+    ready = await http.get("/sandboxes/big/wait", params={"timeout": 20})
+    assert ready.json()["status"] == "ready"
+    assert (await run(http, "big", "echo up"))["stdout"] == "up\n"
+
+
+async def test_a_restart_that_lost_its_state_adopts_the_pods_and_deletes_none(
+    start: Start, cluster: Cluster, kube_settings: ServiceSettings, tmp_path: Path
+) -> None:
+    first, http = await start(kube_settings)
+    await create_ready(http, sandbox_id="keeper", labels={"k": "v"})
+    await run(http, "keeper", "echo kept > note.txt")
+    uid = cluster.api.get("pods", NAMESPACE, "keeper")["metadata"]["uid"]  # type: ignore[index]
+
+    # Another orchestrator process with an empty database (lost state), same cluster.
+    lost = cluster.settings(tmp_path / "lost-state")
+    second, http2 = await start(lost)
+    for _ in range(3):  # reconciliation runs at start and on every reaper pass
+        await second.reaper.run_pass()
+    ready = await http2.get("/sandboxes/keeper/wait", params={"timeout": 20})
+    info = ready.json()
+    assert (info["status"], info["image"], info["labels"]) == ("ready", IMAGE, {"k": "v"})
+    job = await run(http2, "keeper", "cat note.txt")
+    assert job["stdout"] == "kept\n"
+    pod = cluster.api.get("pods", NAMESPACE, "keeper")
+    assert pod is not None and pod["metadata"]["uid"] == uid  # the same pod, never re-made
+    assert cluster.api.calls("DELETE", "pods") == []
+    assert first.backend is not second.backend
+
+
+async def test_a_pod_that_dies_fails_its_sandbox_with_the_reason(
+    start: Start, cluster: Cluster, kube_settings: ServiceSettings
+) -> None:
+    orchard, http = await start(kube_settings)
+    await create_ready(http, sandbox_id="fragile")
+    cluster.kubelet.terminate("fragile", exit_code=137, reason="OOMKilled")
+
+    async def seen() -> bool:
+        found = await orchard.backend.inspect("fragile")
+        return found is not None and found.exit_code == 137
+
+    await eventually(seen)
+    await orchard.reaper.run_pass()
+    info = (await http.get("/sandboxes/fragile")).json()
+    assert info["status"] == "failed"
+    assert info["status_message"] == ("its container stopped (exit code 137, OOMKilled)")
+    assert cluster.names("pods") == []
