@@ -16,10 +16,13 @@ from typer.testing import CliRunner, Result
 
 import provision.stages
 from orchard_cli.main import app
-from orchard_env.errors import ConfigError, InvalidRequest
+from orchard_env.errors import ConfigError, EngineNotFound, InvalidRequest
 from provision.aks import AksTarget
+from provision.kubeconfig import KubeconfigTarget
 from provision.profile import DeploymentProfile, load_profile
+from tests.manifests.kube_fake import start_fake
 from tests.provision.arm_fake import CLIENT_OPTIONS, SUBSCRIPTION, FakeArm, FakeCredential
+from tests.provision.test_kubeconfig import FakeCluster, add_daemonset, node, registry
 
 SAMPLE = f"""\
 name: demo
@@ -186,4 +189,50 @@ def test_a_cluster_target_without_profile_uses_orchard_yaml_here(
     assert isinstance(mismatch.exception, ConfigError)
     assert mismatch.exception.message == (
         "--target kubeconfig disagrees with profile orchard.yaml (target: aks)"
+    )
+
+
+class QuickKubeconfig(KubeconfigTarget):
+    def __init__(self, profile: DeploymentProfile) -> None:
+        super().__init__(profile, registry_transport=registry(401))
+
+
+def test_up_on_a_cluster_shows_each_stage_and_names_the_one_that_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeCluster(rollout_polls=0)
+    running = start_fake(fake)
+    try:
+        for obj in (node("worker-a"), node("worker-b")):
+            fake.objects[f"/api/v1/nodes/{obj['metadata']['name']}"] = obj
+        add_daemonset(fake, "calico-system", "calico-node")
+        profile = tmp_path / "lab.yaml"
+        profile.write_text(
+            yaml.safe_dump(
+                {
+                    "name": "lab",
+                    "target": "kubeconfig",
+                    "kubeconfig": {
+                        "path": str(fake.kubeconfig(tmp_path / "kc")),
+                        "context": "fake",
+                    },
+                    "registry": {"server": "registry.example:5000"},
+                    "image_tag": "1.0.0-test",
+                }
+            )
+        )
+        monkeypatch.setattr(provision.stages, "KubeconfigTarget", QuickKubeconfig)
+        monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no image builder
+        state = tmp_path / "state"
+        result = invoke("up", "--profile", str(profile), "--yes", "--state-dir", str(state))
+    finally:
+        running.stop()
+    assert isinstance(result.exception, EngineNotFound)
+    assert "✓ provision: Kubernetes v1.31.2 at http://127.0.0.1:" in result.stderr
+    assert "network policy: Calico; sandbox nodes: worker-a, worker-b" in result.stderr
+    assert "✗ images: no image builder works here" in result.stderr
+    assert result.exception.hint is not None
+    assert (
+        f"`orchard up --profile {profile} --state-dir {state}` resumes at the images stage"
+        in result.exception.hint
     )
