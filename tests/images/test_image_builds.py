@@ -4,12 +4,14 @@
 The agent-injector image copies its bundle into a host directory, and the agent started from
 that copy serves commands inside a busybox container with no network. The orchestrator image
 runs as uid 10001 without compilers and serves /health. Test images are tagged
-``localhost/orchard-test/<name>:<pid>`` and removed at the end; the builder keeps its layer
-cache (and the pip cache of the orchestrator build) for the next run.
+``localhost/orchard-test/<name>:<pid>`` and removed at the end, with the build stages they
+left behind (each run with changed sources would leave about 750 MB otherwise); the builder
+keeps the pip cache of the orchestrator build.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -63,11 +65,21 @@ def _build(
     docker_client: docker.DockerClient, builder: str, name: str, **kwargs: object
 ) -> Iterator[str]:
     ref = _ref(name)
-    build_images({name: ref}, builder=builder, **kwargs)  # type: ignore[arg-type]
+    started = int(time.time()) - 1
     try:
+        build_images({name: ref}, builder=builder, **kwargs)  # type: ignore[arg-type]
         yield ref
     finally:
-        docker_client.images.remove(ref, force=True)
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            docker_client.images.remove(ref, force=True)
+        # the build stages this build left behind (untagged, labelled like the image)
+        stages = docker_client.api.images(
+            filters={"dangling": True, "label": f"org.opencontainers.image.title=orchard-{name}"}
+        )
+        for stage in stages:
+            if int(stage["Created"]) >= started:
+                with contextlib.suppress(docker.errors.APIError):
+                    docker_client.images.remove(stage["Id"], force=True)
 
 
 @pytest.fixture(scope="module")
