@@ -16,7 +16,7 @@ from orchard_cli.console import (
     out,
     print_json,
 )
-from orchard_env.bench import BenchResult, bench_create, bench_exec, bench_launch
+from orchard_env.bench import BenchResult, bench_create, bench_exec, bench_fork, bench_launch
 from orchard_env.config import client_settings
 from orchard_env.sdk import AsyncSandboxClient
 from orchard_env.smoke import DEFAULT_IMAGE
@@ -94,4 +94,37 @@ def launch(
 
     with err.status("launch benchmark") as status:
         result = bench_launch(make_client, image=image, n=n, progress=status.update)
+    _emit(result, json_)
+
+
+@app.command()
+def fork(
+    k: Annotated[int, typer.Option("--k", help="Sandboxes per fork (and fresh batch).")] = 8,
+    snapshots: Annotated[int, typer.Option("--snapshots", help="Timed snapshots.")] = 5,
+    rounds: Annotated[int, typer.Option("--rounds", help="Forks (and fresh batches) timed.")] = 3,
+    workspace_mb: Annotated[
+        int, typer.Option("--workspace-mb", help="Random data written to /workspace first.")
+    ] = 100,
+    image: ImageOpt = DEFAULT_IMAGE,
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Snapshot latency and fork k until all are exec-able, beside k fresh creates."""
+    settings = client_settings(url, api_key, context)
+
+    def make_client() -> AsyncSandboxClient:
+        return AsyncSandboxClient(base_url=settings.url, api_key=settings.api_key, timeout=600)
+
+    with err.status("fork benchmark") as status:
+        result = bench_fork(
+            make_client,
+            image=image,
+            k=k,
+            snapshots=snapshots,
+            rounds=rounds,
+            workspace_mb=workspace_mb,
+            progress=status.update,
+        )
     _emit(result, json_)

@@ -8,7 +8,19 @@ import sys
 import typer
 from rich.text import Text
 
-from orchard_cli import bench, context, cost, deploy, images, init, keys, sandbox, service, smoke
+from orchard_cli import (
+    bench,
+    context,
+    cost,
+    deploy,
+    images,
+    init,
+    keys,
+    sandbox,
+    service,
+    smoke,
+    snapshot,
+)
 from orchard_cli.console import err
 from orchard_env import __version__
 from orchard_env.errors import OrchardError
@@ -25,6 +37,7 @@ service.register(app)
 deploy.register(app)
 init.register(app)
 app.add_typer(sandbox.app, name="sandbox", rich_help_panel="Sandboxes")
+app.add_typer(snapshot.app, name="snapshot", rich_help_panel="Sandboxes")
 app.add_typer(keys.app, name="keys", rich_help_panel="Service")
 app.add_typer(context.app, name="context", rich_help_panel="Service")
 app.add_typer(images.app, name="images", rich_help_panel="Service")

@@ -1,4 +1,4 @@
-"""`orchard sandbox …`: create, list, get, exec, shell, cp, ls, patch, rm."""
+"""`orchard sandbox …`: create, list, get, exec, shell, cp, ls, patch, fork, rm."""
 
 from __future__ import annotations
 
@@ -313,6 +313,45 @@ def patch(
     if not result.success:
         err.print(
             f"[red]Patch failed:[/] {result.error or 'git apply exited ' + str(result.exit_code)}"
+        )
+        raise typer.Exit(1)
+
+
+@app.command()
+def fork(
+    sandbox_id: IdArg,
+    count: Annotated[
+        int, typer.Option("--count", "-k", help="How many copies (1-64).", min=1, max=64)
+    ] = 1,
+    label: LabelOpt = None,
+    allow_partial: Annotated[
+        bool,
+        typer.Option(
+            "--allow-partial", help="Keep the forks that started when others fail (exit 1)."
+        ),
+    ] = False,
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Start copies of a sandbox at once; print their ids when all are ready.
+
+    One snapshot of its filesystem (not its processes), restored --count times
+    concurrently: each copy has its files, resources, env and labels (plus --label).
+    """
+    with connect(url, api_key, context) as client, err.status(f"forking {sandbox_id}"):
+        forks = client.get_sandbox(sandbox_id).fork(
+            count, labels=_pairs(label, "label"), allow_partial=allow_partial
+        )
+    if json_:
+        print_json([sb.info for sb in forks])
+    else:
+        for sb in forks:
+            out.print(sb.sandbox_id)
+    if len(forks) < count:
+        err.print(
+            f"[red]{count - len(forks)} of {count} forks failed[/] (the service log says why)"
         )
         raise typer.Exit(1)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchard_env.sdk import AsyncSandboxClient, SandboxClient
+from orchard_env.sdk import AsyncSandbox, AsyncSandboxClient, SandboxClient
 
 Progress = Callable[[str], None]
 
@@ -260,4 +260,111 @@ async def _launch(
         }
     )
     result.params["failures"] = failures[:5]
+    return result
+
+
+def bench_fork(
+    make_client: Callable[[], AsyncSandboxClient],
+    *,
+    image: str,
+    k: int = 8,
+    snapshots: int = 5,
+    rounds: int = 3,
+    workspace_mb: int = 100,
+    progress: Progress = lambda _m: None,
+) -> BenchResult:
+    """From a sandbox with a ``workspace_mb`` MB workspace: snapshot latency, and fork k until
+    all k are exec-able, beside creating k fresh sandboxes concurrently in the same run."""
+
+    async def run() -> BenchResult:
+        async with make_client() as client:
+            return await _fork(
+                client,
+                image=image,
+                k=k,
+                snapshots=snapshots,
+                rounds=rounds,
+                workspace_mb=workspace_mb,
+                progress=progress,
+            )
+
+    return asyncio.run(run())
+
+
+async def _fork(
+    client: AsyncSandboxClient,
+    *,
+    image: str,
+    k: int,
+    snapshots: int,
+    rounds: int,
+    workspace_mb: int,
+    progress: Progress,
+) -> BenchResult:
+    labels = {"bench": "fork"}
+    result = BenchResult(
+        "snapshot and fork",
+        {
+            "image": image,
+            "workspace MB": workspace_mb,
+            "snapshots": snapshots,
+            "k": k,
+            "rounds": rounds,
+        },
+    )
+    taken: list[str] = []
+    progress(f"creating a sandbox with a {workspace_mb} MB workspace")
+    source = await client.create_sandbox(image, labels=labels)
+    try:
+        await source.exec(
+            f"head -c {workspace_mb}M /dev/urandom > /workspace/blob", check=True, timeout=600
+        )
+        snapshot_times, sizes = [], []
+        for i in range(snapshots):
+            progress(f"snapshot {i + 1}/{snapshots}")
+            started = time.perf_counter()
+            snapshot = await source.snapshot(labels=labels)
+            snapshot_times.append(time.perf_counter() - started)
+            taken.append(snapshot.snapshot_id)
+            sizes.append(snapshot.size_bytes)
+        result.stats["snapshot"] = Stats.of(snapshot_times)
+
+        async def exec_able(sandbox: AsyncSandbox) -> None:
+            await sandbox.exec(["true"], check=True)
+
+        async def fresh() -> AsyncSandbox:
+            sandbox = await client.create_sandbox(image, labels=labels)
+            await exec_able(sandbox)
+            return sandbox
+
+        fork_times: list[float] = []
+        fresh_times: list[float] = []
+        for round_ in range(rounds):
+            for what in ("fork", "fresh") if round_ % 2 == 0 else ("fresh", "fork"):
+                progress(f"round {round_ + 1}/{rounds}: {what} {k}")
+                started = time.perf_counter()
+                if what == "fork":
+                    made = await source.fork(k, labels=labels)
+                    await asyncio.gather(*(exec_able(sandbox) for sandbox in made))
+                    fork_times.append(time.perf_counter() - started)
+                    taken.append(str(made[0].info.source_snapshot))
+                else:
+                    made = list(await asyncio.gather(*(fresh() for _ in range(k))))
+                    fresh_times.append(time.perf_counter() - started)
+                await asyncio.gather(*(sandbox.delete() for sandbox in made))
+        result.stats[f"fork {k}, until all {k} are exec-able"] = Stats.of(fork_times)
+        result.stats[f"create {k} fresh, until all {k} are exec-able"] = Stats.of(fresh_times)
+        result.figures.update(
+            {
+                "snapshot's own layer MB": round(statistics.median(sizes) / 1e6, 1),
+                "fork / fresh (p50)": round(
+                    statistics.median(fork_times) / statistics.median(fresh_times), 3
+                ),
+            }
+        )
+    finally:
+        progress("cleaning up")
+        await source.delete()
+        for snapshot_id in taken:
+            await client.delete_snapshot(snapshot_id)
     return result

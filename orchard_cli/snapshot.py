@@ -1,0 +1,259 @@
+"""`orchard snapshot …`: take, list, show, delete and restore snapshots; draw their lineage."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from orchard_cli.console import (
+    ApiKeyOpt,
+    ContextOpt,
+    JsonOpt,
+    UrlOpt,
+    YesOpt,
+    confirm,
+    connect,
+    err,
+    out,
+    print_json,
+)
+from orchard_cli.sandbox import EnvOpt, LabelOpt, _pairs
+from orchard_env.errors import SnapshotNotFound
+from orchard_env.protocol import SandboxInfo, Snapshot
+
+app = typer.Typer(
+    help="Snapshots of sandboxes' filesystems: take, restore, list, delete, draw the tree.",
+    no_args_is_help=True,
+)
+
+SnapshotArg = Annotated[str, typer.Argument(help="Snapshot id (snap-…).", show_default=False)]
+
+
+def _size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in labels.items())
+
+
+@app.command()
+def create(
+    sandbox_id: Annotated[str, typer.Argument(help="The sandbox to snapshot.", show_default=False)],
+    name: Annotated[str | None, typer.Option("--name", help="A name for people.")] = None,
+    label: LabelOpt = None,
+    ttl: Annotated[
+        int | None, typer.Option("--ttl", help="Delete it after this many seconds.")
+    ] = None,
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Snapshot a sandbox's filesystem (running processes are not part of it); print its id."""
+    with connect(url, api_key, context) as client, err.status(f"snapshotting {sandbox_id}"):
+        snap = client.get_sandbox(sandbox_id).snapshot(
+            name=name, labels=_pairs(label, "label"), ttl_seconds=ttl
+        )
+    if json_:
+        print_json(snap)
+    else:
+        out.print(snap.snapshot_id)
+
+
+@app.command("list")
+def list_(
+    label: LabelOpt = None,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Include deleted snapshots still remembered.")
+    ] = False,
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """List snapshots, oldest first, filtered by label."""
+    with connect(url, api_key, context) as client:
+        snapshots = client.list_snapshots(_pairs(label, "label") or None, include_deleted=all_)
+    if json_:
+        print_json(snapshots)
+        return
+    table = Table()
+    for column in ("ID", "NAME", "SOURCE", "PARENT", "SIZE", "LABELS", "CREATED"):
+        table.add_column(column, no_wrap=column in ("ID", "SOURCE", "PARENT", "SIZE"))
+    if all_:
+        table.add_column("DELETED")
+    for snap in snapshots:
+        row = [
+            snap.snapshot_id,
+            snap.name or "",
+            snap.source_sandbox,
+            snap.parent_snapshot or "",
+            _size(snap.size_bytes),
+            _labels(snap.labels),
+            snap.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+        ]
+        if all_:
+            row.append(snap.deleted_at.strftime("%Y-%m-%d %H:%M:%S") if snap.deleted_at else "")
+        table.add_row(*row)
+    out.print(table)
+
+
+@app.command()
+def get(
+    snapshot_id: SnapshotArg,
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Show one snapshot."""
+    with connect(url, api_key, context) as client:
+        snap = client.get_snapshot(snapshot_id)
+    if json_:
+        print_json(snap)
+        return
+    table = Table(show_header=False, box=None)
+    for key, value in snap.model_dump(mode="json").items():
+        table.add_row(key, "" if value is None else str(value))
+    out.print(table)
+
+
+@app.command()
+def rm(
+    snapshot_ids: Annotated[list[str], typer.Argument(help="Snapshot ids.", show_default=False)],
+    recursive: Annotated[
+        bool, typer.Option("--recursive", "-r", help="Delete their descendants too.")
+    ] = False,
+    yes: YesOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Delete snapshots (--recursive: with everything under them).
+
+    Sandboxes restored from them keep running; their images go once no sandbox uses them.
+    A snapshot with child snapshots is refused without --recursive.
+    """
+    if recursive:
+        confirm(f"Delete {', '.join(snapshot_ids)} and every snapshot under them?", yes=yes)
+    with connect(url, api_key, context) as client:
+        for snapshot_id in snapshot_ids:
+            for deleted in client.delete_snapshot(snapshot_id, recursive=recursive):
+                err.print(f"deleted {deleted}")
+
+
+@app.command()
+def restore(
+    snapshot_id: SnapshotArg,
+    sandbox_id: Annotated[
+        str | None, typer.Option("--id", help="Id of the new sandbox (DNS label).")
+    ] = None,
+    label: LabelOpt = None,
+    env: EnvOpt = None,
+    ttl: Annotated[int | None, typer.Option("--ttl", help="Lifetime cap in seconds.")] = None,
+    idle_timeout: Annotated[
+        int | None, typer.Option("--idle-timeout", help="Idle expiry in seconds.")
+    ] = None,
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Create a sandbox from a snapshot, wait until it is ready and print its id.
+
+    It gets the snapshot's files and the source sandbox's resources, env and labels (--env
+    and --label are added over them); processes are not carried over.
+    """
+    with connect(url, api_key, context) as client, err.status(f"restoring {snapshot_id}"):
+        sandbox = client.restore(
+            snapshot_id,
+            sandbox_id,
+            labels=_pairs(label, "label"),
+            env=_pairs(env, "env"),
+            ttl_seconds=ttl,
+            idle_timeout_seconds=idle_timeout,
+        )
+    if json_:
+        print_json(sandbox.info)
+    else:
+        out.print(sandbox.sandbox_id)
+
+
+def lineage_tree(
+    snapshots: Iterable[Snapshot], sandboxes: Iterable[SandboxInfo], root: str | None = None
+) -> Tree:
+    """Snapshots under their parents, and the live sandboxes restored from each under it.
+    ``root``: only that snapshot's subtree; otherwise every snapshot whose parent is unknown
+    starts a tree of its own."""
+    known = {snap.snapshot_id: snap for snap in snapshots}
+    children: dict[str | None, list[Snapshot]] = {}
+    for snap in known.values():
+        parent = snap.parent_snapshot if snap.parent_snapshot in known else None
+        children.setdefault(parent, []).append(snap)
+    restored: dict[str, list[SandboxInfo]] = {}
+    for sandbox in sandboxes:
+        if sandbox.source_snapshot is not None:
+            restored.setdefault(sandbox.source_snapshot, []).append(sandbox)
+
+    def label(snap: Snapshot) -> Text:
+        text = Text(snap.snapshot_id, style="dim" if snap.deleted_at else "bold")
+        if snap.name:
+            text.append(f" {snap.name}")
+        details = [f"from {snap.source_sandbox}", _size(snap.size_bytes)]
+        if snap.deleted_at:
+            details.append("deleted")
+        text.append(f"  ({', '.join(details)})", style="dim")
+        return text
+
+    def grow(node: Tree, snap: Snapshot) -> None:
+        for sandbox in restored.get(snap.snapshot_id, []):
+            node.add(Text(f"sandbox {sandbox.sandbox_id} ({sandbox.status.value})", style="cyan"))
+        for child in children.get(snap.snapshot_id, []):
+            grow(node.add(label(child)), child)
+
+    if root is not None:
+        if root not in known:
+            raise SnapshotNotFound(
+                f"snapshot {root} does not exist", hint="`orchard snapshot list` shows them"
+            )
+        tree = Tree(label(known[root]))
+        grow(tree, known[root])
+        return tree
+    tree = Tree(Text("snapshots", style="bold"), hide_root=True)
+    for top in children.get(None, []):
+        grow(tree.add(label(top)), top)
+    return tree
+
+
+@app.command()
+def tree(
+    snapshot_id: Annotated[
+        str | None, typer.Argument(help="Draw only this snapshot's subtree.", show_default=False)
+    ] = None,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Draw the lineage of snapshots and the sandboxes restored from them.
+
+    Each snapshot hangs under the one its source sandbox was restored from, with the live
+    sandboxes restored from it; deleted snapshots still remembered are dim.
+    """
+    with connect(url, api_key, context) as client:
+        snapshots = client.list_snapshots(include_deleted=True)
+        sandboxes = client.list_sandboxes()
+    if not snapshots:
+        err.print("No snapshots.")
+        return
+    out.print(lineage_tree(snapshots, sandboxes, snapshot_id))
