@@ -151,7 +151,7 @@ def exec_(
     command: Annotated[
         list[str],
         typer.Argument(
-            help="After --: one string runs in a shell (sh -c); several words run as argv.",
+            help="After --: one string runs in bash -c (else sh -c); several words run as argv.",
             show_default=False,
         ),
     ],

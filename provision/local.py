@@ -71,7 +71,8 @@ def _service_env(settings: ServiceSettings) -> dict[str, str]:
     env = dict(os.environ)
     for key, value in vars(settings).items():
         if value is not None:
-            env["ORCHARD_" + key.upper()] = str(value)
+            text = ",".join(value) if isinstance(value, tuple) else str(value)
+            env["ORCHARD_" + key.upper()] = text
     return env
 
 

@@ -27,12 +27,12 @@ Routes
     * last: ``{"t": "x", "exit_code": int|null, "signal": int|null, "timed_out": bool,
       "cancelled": bool, "truncated": bool, "error": str|null, "duration": float}``
 
-    A string ``command`` runs as ``/bin/sh -c``, a list as an argv; ``login_shell`` uses
-    ``bash -l -c`` (``sh -l -c`` without bash). Each command gets its own session; a timeout
-    or cancel SIGKILLs exactly its process group. Output past ``max_output_bytes`` per stream
-    is read and dropped (``truncated``). A missing ``cwd`` is a 400; a missing binary ends
-    with exit code 127 and ``error`` naming it. The agent environment reaches the command
-    without the agent's own variables, plus ``env``.
+    A string ``command`` runs as ``/bin/bash -c`` (``/bin/sh -c`` without bash), a list as an
+    argv; ``login_shell`` uses ``bash -l -c`` (``sh -l -c`` without bash). Each command gets
+    its own session; a timeout or cancel SIGKILLs exactly its process group. Output past
+    ``max_output_bytes`` per stream is read and dropped (``truncated``). A missing ``cwd`` is
+    a 400; a missing binary ends with exit code 127 and ``error`` naming it. The agent
+    environment reaches the command without the agent's own variables, plus ``env``.
 
     Idempotency: a ``job_id`` the agent knows (running, or finished within the last hour) is
     never run again: the same request attaches, replaying the output from the start, then

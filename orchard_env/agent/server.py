@@ -616,14 +616,15 @@ async def feed_stdin(fd: int, data: bytes) -> None:
 
 
 def build_argv(command: str | list[str], login_shell: bool) -> list[str]:
-    """A string runs through ``/bin/sh -c``; a list is an argv; a login shell wraps either."""
+    """A string runs through bash (``/bin/sh`` where the image has no bash), as upstream's
+    agent did, so ``source`` and ``[[`` work; a list is an argv; a login shell wraps either."""
+    shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
     if login_shell:
-        shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
         if isinstance(command, str):
             return [shell, "-l", "-c", command]
         return [shell, "-l", "-c", 'exec "$@"', shell, *command]
     if isinstance(command, str):
-        return ["/bin/sh", "-c", command]
+        return [shell, "-c", command]
     return list(command)
 
 

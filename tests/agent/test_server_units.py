@@ -23,9 +23,9 @@ def test_parse_listen() -> None:
 
 
 def test_build_argv(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert server.build_argv("echo hi", False) == ["/bin/sh", "-c", "echo hi"]
     assert server.build_argv(["ls", "-l"], False) == ["ls", "-l"]
     monkeypatch.setattr(os.path, "exists", lambda path: path == "/bin/bash")
+    assert server.build_argv("echo hi", False) == ["/bin/bash", "-c", "echo hi"]
     assert server.build_argv("echo hi", True) == ["/bin/bash", "-l", "-c", "echo hi"]
     assert server.build_argv(["ls", "a b"], True) == [
         "/bin/bash",
@@ -38,6 +38,7 @@ def test_build_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     monkeypatch.setattr(os.path, "exists", lambda path: False)
     assert server.build_argv("echo hi", True) == ["/bin/sh", "-l", "-c", "echo hi"]
+    assert server.build_argv("echo hi", False) == ["/bin/sh", "-c", "echo hi"]
 
 
 def test_command_env_drops_only_the_agents_own_variables() -> None:

@@ -85,6 +85,12 @@ def test_up_drive_restart_down(
     ran = _cli("sandbox", "exec", sandbox_id, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
     assert (ran.returncode, ran.stdout, ran.stderr) == (7, b"out\n", b"err\n")
 
+    # A string runs through bash where the image has it, as upstream's agent did.
+    bashism = _cli(
+        "sandbox", "exec", sandbox_id, "source /etc/os-release && [[ -n $ID ]] && echo $ID"
+    )
+    assert (bashism.returncode, bashism.stdout) == (0, b"debian\n"), bashism.stderr
+
     payload = bytes(range(256)) * 4096
     (tmp_path / "blob.bin").write_bytes(payload)
     assert (
