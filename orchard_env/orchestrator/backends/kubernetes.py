@@ -106,8 +106,9 @@ TERMINATION_GRACE_SECONDS = 10
 PULL_FAILURES = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 )
-# Waiting reasons that mean the container cannot be made as specified.
-CREATE_FAILURES = frozenset({"CreateContainerConfigError", "CreateContainerError"})
+# Waiting reason of a container that cannot be made as specified (a missing Secret or key).
+# (CreateContainerError is not in it: the runtime's hiccups, which the kubelet retries.)
+CREATE_FAILURES = frozenset({"CreateContainerConfigError"})
 MAX_REASON = 600  # characters of a kubelet message kept in a reason
 REQUEST_TIMEOUT = (10, 60)  # seconds to connect, and to wait for an answer (not for watches)
 
@@ -533,6 +534,12 @@ def _no_agent_image() -> errors.ConfigError:
     )
 
 
+def _slim(pod: Pod) -> Pod:
+    """A pod as the cache keeps it: without its managedFields (kilobytes each, never read)."""
+    (pod.get("metadata") or {}).pop("managedFields", None)
+    return pod
+
+
 def _body(response: Any) -> Any:
     """The JSON body of a raw (``_preload_content=False``) response, read to the end and its
     connection given back to the pool (unread, it would poison the next request on it)."""
@@ -607,7 +614,7 @@ class PodCache:
         """A pod this process just created: known before its ADDED event arrives."""
         name = pod["metadata"]["name"]
         with self._lock:
-            self._pods.setdefault(name, pod)
+            self._pods.setdefault(name, _slim(pod))
         self._notify(name)
 
     def forget(self, pod: Pod) -> None:
@@ -653,7 +660,7 @@ class PodCache:
             _request_timeout=REQUEST_TIMEOUT,
         )
         listing = _body(response)
-        pods = {item["metadata"]["name"]: item for item in listing.get("items") or []}
+        pods = {item["metadata"]["name"]: _slim(item) for item in listing.get("items") or []}
         with self._lock:
             self._pods = pods
             self._deleted.clear()
@@ -712,7 +719,7 @@ class PodCache:
                         del self._pods[name]
                     self._deleted.discard(uid)
                 elif uid not in self._deleted:
-                    self._pods[name] = obj
+                    self._pods[name] = _slim(obj)
             self._notify(name)
         if metadata.get("resourceVersion"):
             self._resource_version = str(metadata["resourceVersion"])

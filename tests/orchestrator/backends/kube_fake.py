@@ -298,6 +298,9 @@ class FakeKubeApi:
         if (resource, namespace, name) in self._objects:
             raise ApiError(409, "AlreadyExists", f'{resource} "{name}" already exists')
         metadata.update(namespace=namespace, uid=str(uuid.uuid4()), creationTimestamp=_now())
+        metadata["managedFields"] = [
+            {"manager": "orchard", "operation": "Update", "apiVersion": "v1", "time": _now()}
+        ]
         if resource == "pods":
             obj["status"] = {"phase": "Pending", "qosClass": "Guaranteed"}
         self._objects[(resource, namespace, name)] = obj

@@ -304,6 +304,14 @@ STATUSES: list[tuple[str, dict[str, Any], PodView]] = [
         PodView(SandboxState.CREATING),
     ),
     (
+        "the runtime could not make the container (the kubelet retries)",
+        {
+            "phase": "Pending",
+            "containerStatuses": [waiting("sandbox", "CreateContainerError", "name in use")],
+        },
+        PodView(SandboxState.CREATING),
+    ),
+    (
         "another configuration error",
         {
             "phase": "Pending",
