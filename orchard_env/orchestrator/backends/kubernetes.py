@@ -10,11 +10,15 @@ Per sandbox it makes:
   sandbox container; that container runs the user's image with the bundle's launcher as its
   command, so any image works (no shell or Python needed). The agent listens on TCP
   ``settings.agent_port`` and requires the per-sandbox token;
-* a Secret ``orchard-agent-<id>`` holding that token (the pod reads it through a
-  ``secretKeyRef``), owned by the pod so Kubernetes deletes it with the pod;
-* for a sandbox with network only, a NetworkPolicy ``orchard-egress-<id>`` (also owned by the
-  pod) allowing egress to the internet except ``settings.egress_except``, plus DNS. Without it
-  the namespace's default-deny policy (installed by ``orchard deploy``) blocks all egress.
+* a Secret ``orchard-agent-<id>-<hash>`` holding that token (the pod reads it through a
+  ``secretKeyRef``), created right after the pod and owned by it, so Kubernetes deletes it
+  with the pod (the hash makes the name unique to the pod: see :func:`dependent_names`);
+* for a sandbox with network only, a NetworkPolicy ``orchard-egress-<id>-<hash>`` (also owned
+  by the pod) allowing egress to the internet except ``settings.egress_except``, plus DNS.
+  Without it the namespace's default-deny policy (``orchard deploy``) blocks all egress.
+
+The orchestrator's RBAC Role suffices: pods create/get/list/watch/delete, secrets
+create/get/delete, networkpolicies create/delete (no patch, no list of secrets).
 
 Isolation of the pod: requests = limits for CPU and memory (Guaranteed QoS), an
 ephemeral-storage limit, ``activeDeadlineSeconds`` from the sandbox's TTL (a backstop for
