@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 import uuid
@@ -62,9 +63,13 @@ def builder(docker_client: docker.DockerClient) -> str:
 
 
 def _build(
-    docker_client: docker.DockerClient, builder: str, name: str, **kwargs: object
+    docker_client: docker.DockerClient,
+    builder: str,
+    name: str,
+    ref: str | None = None,
+    **kwargs: object,
 ) -> Iterator[str]:
-    ref = _ref(name)
+    ref = ref or _ref(name)
     started = int(time.time()) - 1
     try:
         build_images({name: ref}, builder=builder, **kwargs)  # type: ignore[arg-type]
@@ -226,6 +231,38 @@ async def test_the_agent_runs_from_the_injected_bundle_in_busybox(
             assert result.exit.exit_code == 127  # `command -v python3`: busybox has none
     finally:
         container.remove(force=True)
+
+
+def test_the_injector_installs_python_when_its_builder_image_has_none(
+    docker_client: docker.DockerClient,
+    builder: str,
+    sandbox_image: str,
+    busybox_image: str,
+    tmp_path: Path,
+) -> None:
+    """The path of the default builder image (debian:bookworm-slim has no Python): apt
+    installs python3.11 from the Debian mirror, then the bundle is built from it."""
+    bare = f"{TEST_REPOSITORY}/no-python:{os.getpid()}"
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {sandbox_image}\n"
+        "RUN DEBIAN_FRONTEND=noninteractive apt-get purge -y --auto-remove python3.11-minimal "
+        "libpython3.11-minimal && ! command -v python3.11\n"
+    )
+    subprocess.run([builder, "build", "-q", "-t", bare, str(tmp_path)], check=True, timeout=120)
+    try:
+        bases = {"BUILDER_IMAGE": bare, "FINAL_IMAGE": busybox_image}
+        ref = f"{_ref('agent-injector')}-apt"
+        built = _build(docker_client, builder, "agent-injector", ref, base_images=bases)
+        next(built)
+        try:
+            cat = ["cat", "/orchard-agent/bundle.json"]
+            code, stdout, stderr = _run(docker_client, ref, entrypoint=cat)
+            assert code == 0, stderr
+            assert json.loads(stdout)["python"] == "/usr/bin/python3.11"
+        finally:
+            built.close()
+    finally:
+        docker_client.images.remove(bare, force=True)
 
 
 # --- orchestrator --------------------------------------------------------------------------
