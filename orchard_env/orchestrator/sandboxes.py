@@ -266,6 +266,7 @@ class SandboxService:
             env=record.env,
             labels=record.labels,
             pids_limit=self.settings.pids_limit,
+            ttl_seconds=record.ttl_seconds or None,
             record_annotation=record.annotation(),
         )
         try:

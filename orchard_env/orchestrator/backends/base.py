@@ -57,6 +57,7 @@ class SandboxSpec:
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # the user's labels
     pids_limit: int = 4096
+    ttl_seconds: int | None = None  # lifetime cap; the orchestrator's reaper enforces it
     # Serialised orchestrator record kept on the container/pod so a restart with lost
     # state can adopt it without guessing (see reconciliation).
     record_annotation: str | None = None

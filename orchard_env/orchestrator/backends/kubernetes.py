@@ -220,18 +220,6 @@ def _owner_reference(pod: Pod) -> dict[str, Any]:
     }
 
 
-def _ttl_seconds(spec: SandboxSpec) -> int | None:
-    """The sandbox's lifetime cap, read from its record annotation (SandboxSpec has no field
-    for it): the orchestrator's record JSON carries ``ttl_seconds``; 0 or absent = none."""
-    if spec.record_annotation is None:
-        return None
-    try:
-        value = json.loads(spec.record_annotation).get("ttl_seconds")
-    except (ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and value > 0 else None
-
-
 def _labels(settings: ServiceSettings, spec: SandboxSpec) -> dict[str, str]:
     labels = {
         LABEL_MANAGED_BY: MANAGED_BY,
@@ -333,11 +321,12 @@ def pod_manifest(settings: ServiceSettings, spec: SandboxSpec) -> Pod:
         ],
         "volumes": [{"name": BUNDLE_VOLUME, "emptyDir": {"sizeLimit": BUNDLE_VOLUME_SIZE}}],
     }
-    ttl = _ttl_seconds(spec)
-    if ttl is not None:
+    if spec.ttl_seconds:
         # The orchestrator ends the sandbox at its TTL; the deadline (counted from the pod's
         # start, so never earlier) only acts when it could not, e.g. while it was down.
-        pod_spec["activeDeadlineSeconds"] = ttl + max(60, 2 * settings.reap_interval_seconds)
+        pod_spec["activeDeadlineSeconds"] = spec.ttl_seconds + max(
+            60, 2 * settings.reap_interval_seconds
+        )
     if settings.runtime_class:
         pod_spec["runtimeClassName"] = settings.runtime_class
     return {

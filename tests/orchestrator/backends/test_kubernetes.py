@@ -54,6 +54,7 @@ def make_spec(sandbox_id: str = "sb-one", **changes: Any) -> SandboxSpec:
         workdir="/workspace",
         agent_token=f"token-of-{sandbox_id}",
         owner="k1",
+        ttl_seconds=600,
         record_annotation=json.dumps({"sandbox_id": sandbox_id, "ttl_seconds": 600}),
     )
     return replace(spec, **changes)

@@ -5,7 +5,6 @@ statuses are read."""
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -185,7 +184,7 @@ def test_the_pod_spec(kube_settings: ServiceSettings) -> None:
 
 
 def test_without_ttl_or_runtime_class_the_pod_has_neither(kube_settings: ServiceSettings) -> None:
-    spec = make_spec(record_annotation=json.dumps({"ttl_seconds": 0}))
+    spec = make_spec(ttl_seconds=None)
     pod_spec = sent_pod(kube_settings, spec)["spec"]
     assert "activeDeadlineSeconds" not in pod_spec
     assert "runtimeClassName" not in pod_spec

@@ -11,7 +11,6 @@ play` cannot read a key of a Secret.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import subprocess
@@ -75,7 +74,7 @@ def played(injector_image: str, busybox_image: str, tmp_path: Path) -> Iterator[
         workdir="/tmp",
         agent_token=TOKEN,
         env={"GREETING": "hello"},
-        record_annotation=json.dumps({"ttl_seconds": 600}),
+        ttl_seconds=600,
     )
     pod = pod_manifest(settings, spec)
     (main,) = pod["spec"]["containers"]
