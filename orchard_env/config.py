@@ -102,6 +102,12 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
     Setting("reap_interval_seconds", "15", _positive_int, "how often the reaper runs"),
     Setting("max_output_bytes", str(16 * 1024 * 1024), _positive_int, "exec output cap"),
     Setting("job_retention_seconds", "86400", _positive_int, "how long finished jobs stay"),
+    Setting(
+        "snapshot_ttl_seconds",
+        str(7 * 86400),
+        _non_negative_int,
+        "lifetime of a snapshot that asks for none (forks' too); 0 = kept until deleted",
+    ),
     Setting("agent_bundle_dir", None, Path, "the relocatable agent bundle to mount"),
     Setting("bootstrap_key_file", None, Path, "file with an API key imported as admin at start"),
     # Kubernetes backend
@@ -247,6 +253,7 @@ class ServiceSettings:
     reap_interval_seconds: int
     max_output_bytes: int
     job_retention_seconds: int
+    snapshot_ttl_seconds: int
     agent_bundle_dir: Path | None
     bootstrap_key_file: Path | None
     k8s_namespace: str

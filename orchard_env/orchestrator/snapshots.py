@@ -153,7 +153,7 @@ class SnapshotService:
             env=source.env,
             sandbox_labels=source.labels,
             created_at=self.clock(),
-            ttl_seconds=ttl or 0,
+            ttl_seconds=ttl or self.settings.snapshot_ttl_seconds,
         )
         await self.store.insert_snapshot(record)
         log.info(

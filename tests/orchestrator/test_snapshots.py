@@ -4,6 +4,7 @@ sandbox's workspace; a restore starts a fresh agent on a copy of that copy)."""
 from __future__ import annotations
 
 import re
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -86,7 +87,11 @@ async def test_restore_with_a_chosen_id_and_without_a_body(service: Service) -> 
     snap = await service.http.post("/sandboxes/src/snapshot")  # no body: all defaults
     assert snap.status_code == 201
     snapshot_id = snap.json()["snapshot_id"]
-    assert snap.json()["expires_at"] is None  # no TTL: kept until deleted
+    # No TTL asked for: the service's default, snapshot_ttl_seconds (7 days).
+    created, expires = (
+        datetime.fromisoformat(snap.json()[k]) for k in ("created_at", "expires_at")
+    )
+    assert expires - created == timedelta(days=7)
     chosen = await restore(service, snapshot_id, sandbox_id="branch-1")
     assert chosen["sandbox_id"] == "branch-1"
     again = await service.http.post(
