@@ -23,7 +23,7 @@ def _raw_stdin() -> Iterator[None]:
         return
     fd = sys.stdin.fileno()
     saved = termios.tcgetattr(fd)
-    tty.setraw(fd)
+    tty.setraw(fd, termios.TCSANOW)  # keep what was typed before the session started
     try:
         yield
     finally:

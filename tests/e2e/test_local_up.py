@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
+import select
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,6 +69,49 @@ def _cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[
     )
 
 
+def _interactive_shell(sandbox_id: str, keys: bytes) -> tuple[int, bytes]:
+    """Run `orchard sandbox shell` with a pseudo-terminal as its stdin/stdout."""
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from orchard_cli.main import main; main()",
+            "sandbox",
+            "shell",
+            sandbox_id,
+        ],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        env=dict(os.environ),
+    )
+    os.close(terminal)
+    os.write(controller, keys)
+    screen = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([controller], [], [], 1)
+        if not ready:
+            if process.poll() is not None:
+                break
+            continue
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # the terminal closed: the CLI exited
+            break
+        if not chunk:
+            break
+        screen += chunk
+    os.close(controller)
+    try:
+        return process.wait(timeout=30), screen
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise AssertionError(f"the shell did not exit; the screen showed {screen!r}") from None
+
+
 def test_up_drive_restart_down(
     provider: LocalProvider, docker_client: docker.DockerClient, tmp_path: Path
 ) -> None:
@@ -117,6 +163,11 @@ def test_up_drive_restart_down(
         _cli("sandbox", "cp", f"{sandbox_id}:/workspace/hello.txt", "-").stdout
         == b"hello, patched\n"
     )
+
+    # `orchard sandbox shell` on a real terminal: type into it, read it, get its exit code.
+    code, screen = _interactive_shell(sandbox_id, b"echo $((6 * 7)); exit 3\n")
+    assert code == 3, screen
+    assert b"42" in screen
 
     # A command is running when the orchestrator is killed hard; after the restart the
     # sandbox is still there and the command has run exactly once.
