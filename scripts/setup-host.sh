@@ -8,8 +8,10 @@ set -euo pipefail
 SOCKET=/run/podman/podman.sock
 CONF=/etc/containers/containers.conf
 LOG=/var/log/orchard-podman.log
-# iptables: netavark sets up the bridge network with it; curl: the socket check below.
-PACKAGES=(podman runc iptables busybox-static debootstrap curl)
+# iptables: netavark sets up the bridge network with it; curl: the socket check below;
+# catatonit: the init every sandbox container runs as PID 1; python3: the interpreter the
+# agent bundle is built from; python3-venv: `make install`.
+PACKAGES=(podman runc catatonit iptables busybox-static debootstrap curl python3 python3-venv)
 
 say() { printf 'setup-host: %s\n' "$*"; }
 die() { printf 'setup-host: error: %s\n' "$*" >&2; exit 1; }
