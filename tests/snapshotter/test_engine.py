@@ -1,21 +1,22 @@
-"""The snapshotter against a real running container (Podman): find it through /proc, read its
-overlay upperdir frozen, push to the fake registry over HTTP, pull the result back into the
-engine and run it."""
+"""The snapshotter against a real running container (Podman), through its HTTP API: it finds
+the container through /proc, reads its overlay upperdir frozen, pushes to the fake registry over
+HTTP; then the engine pulls the result and runs it."""
 
 from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import docker
+import httpx
 import pytest
 
 from orchard_env.orchestrator.backends.docker_engine import LABEL_CREATED_BY, LABEL_INSTANCE
 from orchard_env.snapshotter.layer import find_container_pid
-from orchard_env.snapshotter.registry import RegistryClient, load_credentials
-from orchard_env.snapshotter.snapshot import take_snapshot
+from orchard_env.snapshotter.server import SnapshotterServer
+from orchard_env.snapshotter.snapshot import SnapshotResult
 from tests.orchestrator.backends.registry_fake import PASSWORD, USER, FakeRegistry
+from tests.snapshotter.conftest import TOKEN, snapshotter_url
 
 pytestmark = pytest.mark.engine
 
@@ -46,7 +47,7 @@ def test_snapshot_of_a_running_container_restores_its_files(
     container: docker.models.containers.Container,
     busybox_image: str,
     registry: FakeRegistry,
-    docker_config: Path,
+    snapshotter: SnapshotterServer,
 ) -> None:
     base = f"{registry.host}/orchard/busybox:base"
     _podman("push", "--tls-verify=false", CREDS, busybox_image, f"docker://{base}")
@@ -61,11 +62,15 @@ def test_snapshot_of_a_running_container_restores_its_files(
 
     pid = find_container_pid(container.id)
     assert pid == container.attrs["State"]["Pid"]
-    target = f"{registry.host}/orchard/snapshots:snap-engine"
-    with RegistryClient(
-        credentials=load_credentials(docker_config), plain_http=frozenset({registry.host})
-    ) as client:
-        result = take_snapshot(client, container_id=container.id, base_image=base, target=target)
+    target = f"{snapshotter.settings.target_prefix}snap-engine"
+    response = httpx.post(
+        f"{snapshotter_url(snapshotter)}/snapshot",
+        json={"container_id": f"docker://{container.id}", "base_image": base, "target": target},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    result = SnapshotResult(**response.json())
     assert result.frozen  # cgroup v1 freezer here; v2 cgroup.freeze on a pod's node
     assert result.ref == target
     assert 0 < result.size_bytes < 100_000
