@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import io
 import json
-import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-import uvicorn
 from rich.console import Console
 from typer.testing import CliRunner, Result
 
@@ -20,20 +17,18 @@ from orchard_cli.main import app
 from orchard_cli.snapshot import lineage_tree
 from orchard_env import errors
 from orchard_env.orchestrator import snapshots
-from orchard_env.orchestrator.app import create_app
-from orchard_env.orchestrator.keys import create_key_sync
 from orchard_env.protocol import SandboxInfo, SandboxStatus, Snapshot
 from tests.orchestrator.conftest import make_settings
 from tests.orchestrator.fakes import AgentProcessBackend
+from tests.servers import fake_backend, live_service
 
 runner = CliRunner()
 
 
 @pytest.fixture
 def backend() -> Iterator[AgentProcessBackend]:
-    fake = AgentProcessBackend()
-    yield fake
-    fake.shutdown()
+    with fake_backend() as fake:
+        yield fake
 
 
 @pytest.fixture
@@ -42,34 +37,15 @@ def orchard(
 ) -> Iterator[Callable[..., Result]]:
     """Run `orchard …` against a live orchestrator (ORCHARD_URL/ORCHARD_API_KEY set)."""
     settings = make_settings(tmp_path / "state")
-    key = create_key_sync(settings, "cli", admin=True)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings, backend=backend),
-            host="127.0.0.1",
-            port=0,
-            lifespan="on",
-            log_config=None,
-            log_level="warning",
-        )
-    )
-    thread = threading.Thread(target=server.run, name="uvicorn-cli", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    monkeypatch.setenv("ORCHARD_CONFIG", str(tmp_path / "config.toml"))
-    monkeypatch.setenv("ORCHARD_URL", f"http://127.0.0.1:{port}")
-    monkeypatch.setenv("ORCHARD_API_KEY", key.api_key)
+    with live_service(settings, key_name="cli", backend=backend, thread_name="uvicorn-cli") as live:
+        monkeypatch.setenv("ORCHARD_CONFIG", str(tmp_path / "config.toml"))
+        monkeypatch.setenv("ORCHARD_URL", live.url)
+        monkeypatch.setenv("ORCHARD_API_KEY", live.api_key)
 
-    def invoke(*args: str) -> Result:
-        return runner.invoke(app, list(args))
+        def invoke(*args: str) -> Result:
+            return runner.invoke(app, list(args))
 
-    yield invoke
-    server.should_exit = True
-    thread.join(timeout=20)
+        yield invoke
 
 
 def ok(result: Result) -> str:

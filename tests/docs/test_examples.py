@@ -19,21 +19,16 @@ import os
 import re
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
-from orchard_env.orchestrator.app import create_app
-from orchard_env.orchestrator.keys import create_key_sync
 from tests.docs.markdown import DOCS, Block, blocks, markdown_files
 from tests.orchestrator.conftest import make_settings
-from tests.orchestrator.fakes import AgentProcessBackend
+from tests.servers import Live, fake_backend, live_service
 
 SELF_TESTED = {DOCS / "cost.md"}  # tests/cost/test_docs.py runs its examples
 _SKIP = re.compile(r"^skip: \S.*$")
@@ -96,41 +91,17 @@ def test_the_sdk_guide_is_tested() -> None:
     assert sum(example.block.path == DOCS / "sdk.md" for example in EXAMPLES) >= 10
 
 
-@dataclass(frozen=True)
-class Live:
-    url: str
-    api_key: str
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     """The orchestrator under uvicorn on a free loopback port, with an admin key."""
     settings = make_settings(tmp_path_factory.mktemp("docs-service") / "state")
-    key = create_key_sync(settings, "docs", admin=True)
-    backend = AgentProcessBackend()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings, backend=backend),
-            host="127.0.0.1",
-            port=0,
-            lifespan="on",
-            log_config=None,
-            log_level="warning",
-        )
-    )
-    thread = threading.Thread(target=server.run, name="uvicorn-docs", daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield Live(f"http://127.0.0.1:{port}", key.api_key)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
-        backend.shutdown()
+    with (
+        fake_backend() as backend,
+        live_service(
+            settings, key_name="docs", backend=backend, thread_name="uvicorn-docs"
+        ) as running,
+    ):
+        yield running
 
 
 def _matches(expected: str, actual: str) -> bool:

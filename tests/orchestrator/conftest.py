@@ -25,6 +25,7 @@ from orchard_env.orchestrator.keys import create_key
 from orchard_env.orchestrator.services import Orchard
 from orchard_env.protocol import KeyCreated
 from tests.orchestrator.fakes import AgentProcessBackend
+from tests.servers import fake_backend
 
 
 class FakeClock:
@@ -110,9 +111,8 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def backend() -> Iterator[AgentProcessBackend]:
-    fake = AgentProcessBackend()
-    yield fake
-    fake.shutdown()
+    with fake_backend() as fake:
+        yield fake
 
 
 @pytest.fixture

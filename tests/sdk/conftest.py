@@ -1,14 +1,22 @@
-"""Fixtures for the SDK tests: a hermetic environment, fake time and the fake service."""
+"""Fixtures for the SDK tests: a hermetic environment, fake time, the fake service, and the
+real orchestrator on the service-tier fake backend (under uvicorn, or in-process over ASGI)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from orchard_env.config import ServiceSettings
 from orchard_env.sdk import AsyncSandboxClient, SandboxClient, _cleanup
+from tests.orchestrator.conftest import make_settings
+from tests.orchestrator.fakes import AgentProcessBackend
 from tests.sdk.fakes import FakeService
+from tests.servers import Live, asgi_service, fake_backend, live_service
+
+KEY_NAME = "sdk-tests"  # the admin key of the real orchestrator
 
 _ENV = (
     "ORCHARD_URL",
@@ -94,3 +102,30 @@ async def aclient(service: FakeService, fake_time: FakeTime) -> AsyncIterator[As
     client._core.clock = fake_time.clock
     yield client
     await client.close()
+
+
+@pytest.fixture
+def backend() -> Iterator[AgentProcessBackend]:
+    with fake_backend() as fake:
+        yield fake
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> ServiceSettings:
+    return make_settings(tmp_path / "state")
+
+
+@pytest.fixture
+def live(settings: ServiceSettings, backend: AgentProcessBackend) -> Iterator[Live]:
+    """The orchestrator under uvicorn on a free loopback port, with an admin key."""
+    with live_service(settings, key_name=KEY_NAME, backend=backend) as running:
+        yield running
+
+
+@pytest.fixture
+async def asgi_app(
+    settings: ServiceSettings, backend: AgentProcessBackend
+) -> AsyncIterator[tuple[httpx.ASGITransport, str]]:
+    """The orchestrator app with its lifespan running, as an ASGI transport plus a key."""
+    async with asgi_service(settings, backend, key_name=KEY_NAME) as app:
+        yield app

@@ -7,19 +7,15 @@ image with no Python and no bash at all. Paths are the real ``/workspace`` of a 
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from orchard_env import errors
 from orchard_env.config import ServiceSettings, service_settings
-from orchard_env.orchestrator.app import create_app
-from orchard_env.orchestrator.keys import create_key_sync
 from orchard_env.sdk import AsyncSandboxClient, SandboxClient
+from tests.servers import Live, live_service
 
 pytestmark = pytest.mark.engine
 
@@ -46,33 +42,13 @@ def settings(
 
 
 @pytest.fixture
-def orchard(settings: ServiceSettings) -> Iterator[tuple[str, str]]:
-    key = create_key_sync(settings, "sdk-engine", admin=True)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings),
-            host="127.0.0.1",
-            port=0,
-            lifespan="on",
-            log_config=None,
-            log_level="warning",
-        )
-    )
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", key.api_key
-    server.should_exit = True
-    thread.join(timeout=30)
+def orchard(settings: ServiceSettings) -> Iterator[Live]:
+    """The orchestrator under uvicorn on loopback with the real engine backend."""
+    with live_service(settings, key_name="sdk-engine") as running:
+        yield running
 
 
-def test_readme_flow_in_a_real_container(
-    orchard: tuple[str, str], sandbox_image: str, tmp_path: Path
-) -> None:
+def test_readme_flow_in_a_real_container(orchard: Live, sandbox_image: str, tmp_path: Path) -> None:
     url, key = orchard
     local = tmp_path / "local_file.py"
     local.write_text("import os\nprint(os.getcwd(), os.environ['DEBUG'])\n")
@@ -109,7 +85,7 @@ def test_readme_flow_in_a_real_container(
 
 
 async def test_async_client_on_an_image_without_python_or_bash(
-    orchard: tuple[str, str], busybox_image: str
+    orchard: Live, busybox_image: str
 ) -> None:
     url, key = orchard
     async with (

@@ -16,24 +16,16 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from orchard_env import errors
-from orchard_env.config import ServiceSettings
-from orchard_env.orchestrator.app import create_app
-from orchard_env.orchestrator.keys import create_key, create_key_sync
 from orchard_env.sdk import AsyncSandboxClient, Sandbox, SandboxClient
-from tests.orchestrator.conftest import make_settings
 from tests.orchestrator.fakes import AgentProcessBackend
+from tests.servers import Live
 
 PATCH = """\
 --- a/greet.txt
@@ -42,61 +34,6 @@ PATCH = """\
 -hello
 +hello, patched
 """
-
-
-@pytest.fixture
-def backend() -> Iterator[AgentProcessBackend]:
-    fake = AgentProcessBackend()
-    yield fake
-    fake.shutdown()
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> ServiceSettings:
-    return make_settings(tmp_path / "state")
-
-
-@dataclass
-class Live:
-    url: str
-    api_key: str
-
-
-@pytest.fixture
-def live(settings: ServiceSettings, backend: AgentProcessBackend) -> Iterator[Live]:
-    """The orchestrator under uvicorn on a free loopback port, with an admin key."""
-    key = create_key_sync(settings, "sdk-tests", admin=True)
-    config = uvicorn.Config(
-        create_app(settings, backend=backend),
-        host="127.0.0.1",
-        port=0,
-        lifespan="on",
-        log_config=None,
-        log_level="warning",
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield Live(f"http://127.0.0.1:{port}", key.api_key)
-    server.should_exit = True
-    thread.join(timeout=20)
-
-
-@pytest.fixture
-async def asgi_app(
-    settings: ServiceSettings, backend: AgentProcessBackend
-) -> AsyncIterator[tuple[httpx.ASGITransport, str]]:
-    """The orchestrator app with its lifespan running, as an ASGI transport plus a key."""
-    app = create_app(settings, backend=backend)
-    async with AsyncExitStack() as stack:
-        await stack.enter_async_context(app.router.lifespan_context(app))
-        key = await create_key(app.state.orchard.store, "sdk-tests", admin=True)
-        yield httpx.ASGITransport(app=app), key.api_key
 
 
 # --- sync client over a real socket -------------------------------------------------------

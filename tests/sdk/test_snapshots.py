@@ -8,78 +8,20 @@ can stage: a fork with failures, and answers lost on the way back.
 from __future__ import annotations
 
 import json
-import threading
-import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack
-from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from orchard_env import errors
-from orchard_env.config import ServiceSettings
-from orchard_env.orchestrator.app import create_app
-from orchard_env.orchestrator.keys import create_key, create_key_sync
 from orchard_env.sdk import AsyncSandboxClient, SandboxClient, _cleanup
-from tests.orchestrator.conftest import make_settings
 from tests.orchestrator.fakes import AgentProcessBackend
 from tests.sdk.fakes import FakeService
 from tests.sdk.test_retries import fail_first
-
-
-@pytest.fixture
-def backend() -> Iterator[AgentProcessBackend]:
-    fake = AgentProcessBackend()
-    yield fake
-    fake.shutdown()
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> ServiceSettings:
-    return make_settings(tmp_path / "state")
-
-
-@pytest.fixture
-def live(settings: ServiceSettings, backend: AgentProcessBackend) -> Iterator[tuple[str, str]]:
-    """The orchestrator under uvicorn on a free loopback port: (url, admin key)."""
-    key = create_key_sync(settings, "sdk-snapshots", admin=True)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings, backend=backend),
-            host="127.0.0.1",
-            port=0,
-            lifespan="on",
-            log_config=None,
-            log_level="warning",
-        )
-    )
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", key.api_key
-    server.should_exit = True
-    thread.join(timeout=20)
-
-
-@pytest.fixture
-async def asgi_app(
-    settings: ServiceSettings, backend: AgentProcessBackend
-) -> AsyncIterator[tuple[httpx.ASGITransport, str]]:
-    app = create_app(settings, backend=backend)
-    async with AsyncExitStack() as stack:
-        await stack.enter_async_context(app.router.lifespan_context(app))
-        key = await create_key(app.state.orchard.store, "sdk-snapshots", admin=True)
-        yield httpx.ASGITransport(app=app), key.api_key
+from tests.servers import Live
 
 
 def test_snapshot_restore_and_fork_with_the_sync_client(
-    live: tuple[str, str], backend: AgentProcessBackend
+    live: Live, backend: AgentProcessBackend
 ) -> None:
     url, key = live
     with SandboxClient(base_url=url, api_key=key) as client:

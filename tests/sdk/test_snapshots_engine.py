@@ -4,21 +4,18 @@ everything leaves no container and no image behind."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 import pytest
-import uvicorn
 
 from orchard_env import errors
 from orchard_env.config import ServiceSettings, service_settings
-from orchard_env.orchestrator.app import create_app
 from orchard_env.orchestrator.backends.docker_engine import LABEL_INSTANCE
-from orchard_env.orchestrator.keys import create_key_sync
 from orchard_env.sdk import SandboxClient
+from tests.servers import Live, live_service
 
 pytestmark = pytest.mark.engine
 
@@ -60,32 +57,14 @@ def engine_leftovers(client: docker.DockerClient, instance: str) -> list[str]:
 
 
 @pytest.fixture
-def orchard(settings: ServiceSettings, cleanup: None) -> Iterator[tuple[str, str]]:
-    key = create_key_sync(settings, "sdk-snapshots", admin=True)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings),
-            host="127.0.0.1",
-            port=0,
-            lifespan="on",
-            log_config=None,
-            log_level="warning",
-        )
-    )
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", key.api_key
-    server.should_exit = True
-    thread.join(timeout=30)
+def orchard(settings: ServiceSettings, cleanup: None) -> Iterator[Live]:
+    """The orchestrator under uvicorn on loopback with the real engine backend."""
+    with live_service(settings, key_name="sdk-snapshots") as running:
+        yield running
 
 
 def test_snapshot_restore_fork_and_cleanup_in_real_containers(
-    orchard: tuple[str, str],
+    orchard: Live,
     sandbox_image: str,
     docker_client: docker.DockerClient,
     settings: ServiceSettings,

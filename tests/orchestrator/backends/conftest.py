@@ -1,22 +1,27 @@
-"""Fixtures of the Kubernetes backend tests: a fake cluster (API server + kubelet) and
-settings pointing at it through a kubeconfig, as a developer's orchestrator would."""
+"""Fixtures of the backend tests: a fake cluster (API server + kubelet) and settings pointing
+at it through a kubeconfig, as a developer's orchestrator would (Kubernetes backend); and
+sandbox specs on the busybox image (engine backend)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import pytest
 
 from orchard_env.config import ServiceSettings
+from orchard_env.orchestrator.backends.base import SandboxSpec
 from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend
 from tests.orchestrator.backends.kube_fake import FakeKubeApi, FakeKubelet, fake_cluster
 from tests.orchestrator.conftest import make_settings
 
 AGENT_IMAGE = "registry.example/orchard/agent-injector:0.1.0"
 NAMESPACE = "orchard-sandboxes"
+MiB = 1024 * 1024
 
 
 @dataclass
@@ -56,3 +61,23 @@ async def kube(kube_settings: ServiceSettings) -> AsyncIterator[KubernetesBacken
     backend = KubernetesBackend(kube_settings)
     yield backend
     await backend.close()
+
+
+@pytest.fixture
+def spec(busybox_image: str) -> Callable[..., SandboxSpec]:
+    """Make a spec for a new sandbox on the busybox image (no network, 0.5 CPU, 256 MiB),
+    with ``overrides``."""
+
+    def make(**overrides: Any) -> SandboxSpec:
+        values: dict[str, Any] = {
+            "sandbox_id": f"t-{uuid4().hex[:10]}",
+            "image": busybox_image,
+            "cpu": 0.5,
+            "memory_bytes": 256 * MiB,
+            "block_network": True,
+            "workdir": "/workspace",
+            "agent_token": secrets.token_urlsafe(24),
+        }
+        return SandboxSpec(**{**values, **overrides})
+
+    return make

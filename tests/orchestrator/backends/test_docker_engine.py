@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import secrets
 import statistics
 import time
 from collections.abc import AsyncIterator, Callable
@@ -28,10 +27,9 @@ from orchard_env.orchestrator.backends.base import (
     SandboxState,
 )
 from orchard_env.orchestrator.backends.docker_engine import DockerEngineBackend
+from tests.orchestrator.backends.conftest import MiB
 
 pytestmark = pytest.mark.engine
-
-MiB = 1024 * 1024
 
 
 @pytest.fixture
@@ -56,23 +54,6 @@ async def backend(
 ) -> AsyncIterator[DockerEngineBackend]:
     async for opened in _open_backend(settings, agent_bundle):
         yield opened
-
-
-@pytest.fixture
-def spec(busybox_image: str) -> Callable[..., SandboxSpec]:
-    def make(**overrides: Any) -> SandboxSpec:
-        values: dict[str, Any] = {
-            "sandbox_id": f"t-{uuid4().hex[:10]}",
-            "image": busybox_image,
-            "cpu": 0.5,
-            "memory_bytes": 256 * MiB,
-            "block_network": True,
-            "workdir": "/workspace",
-            "agent_token": secrets.token_urlsafe(24),
-        }
-        return SandboxSpec(**{**values, **overrides})
-
-    return make
 
 
 def _agent(sandbox: BackendSandbox) -> AgentClient:

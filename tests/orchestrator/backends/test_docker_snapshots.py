@@ -7,7 +7,6 @@ import contextlib
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
 from uuid import uuid4
 
 import docker
@@ -28,8 +27,6 @@ from orchard_env.orchestrator.backends.docker_engine import (
 )
 
 pytestmark = pytest.mark.engine
-
-MiB = 1024 * 1024
 
 
 @pytest.fixture
@@ -83,23 +80,6 @@ async def backend(
         for sandbox in await opened.list():
             await opened.delete(sandbox.sandbox_id)
         await opened.close()
-
-
-@pytest.fixture
-def spec(busybox_image: str) -> Callable[..., SandboxSpec]:
-    def make(**overrides: Any) -> SandboxSpec:
-        values: dict[str, Any] = {
-            "sandbox_id": f"s-{uuid4().hex[:10]}",
-            "image": busybox_image,
-            "cpu": 0.5,
-            "memory_bytes": 256 * MiB,
-            "block_network": True,
-            "workdir": "/workspace",
-            "agent_token": secrets.token_urlsafe(24),
-        }
-        return SandboxSpec(**{**values, **overrides})
-
-    return make
 
 
 async def run(sandbox: BackendSandbox, command: str) -> str:
