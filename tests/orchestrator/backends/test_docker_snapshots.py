@@ -144,13 +144,19 @@ async def test_the_agent_and_its_socket_directory_are_not_in_the_image(
     await run(source, "echo hi > /workspace/x")
     image = await backend.snapshot(source.sandbox_id, f"snap-{secrets.token_hex(6)}")
     # Run the bare image, without Orchard's mounts: the mount points are empty directories.
-    listing = docker_client.containers.run(
+    # Detached, then wait and read the logs: an attached run can hang on Podman's stream.
+    container = docker_client.containers.run(
         image.ref,
         entrypoint=["/bin/sh", "-c"],
         command=["ls -A /opt/orchard-agent /run/orchard; cat /workspace/x"],
-        remove=True,
+        detach=True,
         network_mode="none",
     )
+    try:
+        container.wait(timeout=60)
+        listing = container.logs()
+    finally:
+        container.remove(force=True)
     assert listing.decode() == "/opt/orchard-agent:\n\n/run/orchard:\nhi\n"
 
 
