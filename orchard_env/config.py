@@ -124,6 +124,13 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
         _cidr_list,
         "ranges a sandbox with network may never reach (cluster, metadata)",
     ),
+    # Snapshots on Kubernetes (the node snapshotter DaemonSet): on when both are set
+    Setting("registry", None, str, "repository snapshots are pushed to (<registry>/<repo>)"),
+    Setting("snapshotter_token_file", None, Path, "file with the node snapshotters' token"),
+    Setting("snapshotter_namespace", "orchard-snapshotter", str, "namespace of the snapshotters"),
+    Setting("snapshotter_port", "9091", _positive_int, "TCP port of the node snapshotters"),
+    Setting("registry_config", None, Path, "docker config JSON with the registry's credentials"),
+    Setting("registry_plain_http", "false", _bool, "speak plain HTTP to the registry (tests)"),
 )
 
 CLIENT_SETTINGS: tuple[Setting, ...] = (
@@ -264,6 +271,12 @@ class ServiceSettings:
     runtime_class: str | None
     ephemeral_storage: int
     egress_except: tuple[str, ...]
+    registry: str | None = None
+    snapshotter_token_file: Path | None = None
+    snapshotter_namespace: str = "orchard-snapshotter"
+    snapshotter_port: int = 9091
+    registry_config: Path | None = None
+    registry_plain_http: bool = False
 
     @property
     def db_path(self) -> Path:

@@ -28,6 +28,12 @@ the runtime's default set is kept so ordinary images, package managers included,
 the profile's ``runtimeClassName`` (gVisor, Kata) when set. Kubernetes has no per-pod PID
 limit field: ``spec.pids_limit`` is enforced by the kubelet's ``podPidsLimit`` (on AKS, the
 sandbox node pool's kubelet config), not by the pod.
+
+Snapshots (when ``settings.registry`` and ``settings.snapshotter_token_file`` are set): the
+snapshotter pod on the sandbox's node (``orchard_env.snapshotter``, a DaemonSet in
+``settings.snapshotter_namespace``, found by listing its pods there: pods get/list in that
+namespace) commits the sandbox container's writable layer and pushes it to
+``<registry>:<snapshot id>``; a restore is a pod whose image is that reference.
 """
 
 from __future__ import annotations
@@ -46,8 +52,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NoReturn, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
+import httpx
 import kubernetes.client
 import kubernetes.config
 import urllib3
@@ -63,8 +70,10 @@ from orchard_env.orchestrator.backends.base import (
     Capability,
     SandboxSpec,
     SandboxState,
+    SnapshotImage,
 )
 from orchard_env.protocol import LABEL_VALUE_RE, check_sandbox_id
+from orchard_env.snapshotter.registry import Reference, RegistryClient, load_credentials
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +123,8 @@ PULL_FAILURES = frozenset(
 # (CreateContainerError is not in it: the runtime's hiccups, which the kubelet retries.)
 CREATE_FAILURES = frozenset({"CreateContainerConfigError"})
 MAX_REASON = 600  # characters of a kubelet message kept in a reason
+SNAPSHOTTER_LABEL = ("app.kubernetes.io/name", "orchard-snapshotter")
+SNAPSHOT_TIMEOUT = 900.0  # seconds: the snapshotter reads, compresses and pushes the layer
 REQUEST_TIMEOUT = (10, 60)  # seconds to connect, and to wait for an answer (not for watches)
 
 _P = ParamSpec("_P")
@@ -542,6 +553,18 @@ def _body(response: Any) -> Any:
         response.release_conn()
 
 
+def _list_snapshotters(core: Any, namespace: str) -> list[Pod]:
+    """The node snapshotter pods (the orchard-snapshotter DaemonSet's)."""
+    response = core.list_namespaced_pod(
+        namespace,
+        label_selector=f"{SNAPSHOTTER_LABEL[0]}={SNAPSHOTTER_LABEL[1]}",
+        _preload_content=False,
+        _request_timeout=REQUEST_TIMEOUT,
+    )
+    items: list[Pod] = _body(response).get("items") or []
+    return items
+
+
 class _Expired(Exception):
     """The watch's resourceVersion is too old (410 Gone): list again."""
 
@@ -725,7 +748,7 @@ class KubernetesBackend:
     """Sandboxes as pods in ``settings.k8s_namespace``."""
 
     name = "kubernetes"
-    capabilities = frozenset({Capability.NETWORK_ISOLATION, Capability.PTY})
+    capabilities: frozenset[Capability] = frozenset({Capability.NETWORK_ISOLATION, Capability.PTY})
 
     def __init__(
         self,
@@ -750,6 +773,8 @@ class KubernetesBackend:
         if settings.agent_image is None:
             raise _no_agent_image()
         self._settings = settings
+        if settings.registry is not None and settings.snapshotter_token_file is not None:
+            self.capabilities = self.capabilities | {Capability.SNAPSHOT}
         self._namespace = settings.k8s_namespace
         self._start_timeout = start_timeout
         self._owns_client = api_client is None
@@ -1142,18 +1167,119 @@ class KubernetesBackend:
         if names is not None:
             self._tokens.pop(names[0], None)
 
-    async def snapshot(
-        self, sandbox_id: str, snapshot_id: str, *, parent: str | None = None
-    ) -> NoReturn:
-        raise errors.NotSupported(
-            "snapshots are not supported by the kubernetes backend in this version",
-            hint="the local engine backend (ORCHARD_BACKEND=docker) supports them",
+    # -- snapshots (the node snapshotter DaemonSet) ------------------------------------------
+
+    def _snapshot_settings(self) -> tuple[str, str]:
+        """(target repository, snapshotter token), or NotSupported when snapshots are off."""
+        registry, token_file = self._settings.registry, self._settings.snapshotter_token_file
+        if registry is None or token_file is None:
+            raise errors.NotSupported(
+                "snapshots are off on this Kubernetes deployment",
+                hint="deploy with snapshots: true in the profile (it runs the node snapshotter "
+                "and sets registry and snapshotter_token_file)",
+            )
+        try:
+            token = token_file.read_text().strip()
+        except OSError as exc:
+            raise errors.ConfigError(
+                f"cannot read the snapshotter token {token_file}: {exc}",
+                hint="snapshotter_token_file names the Secret-mounted token file",
+            ) from exc
+        return registry, token
+
+    async def _snapshotter_on(self, node: str) -> str:
+        """The base URL of the snapshotter pod running on ``node``."""
+        namespace = self._settings.snapshotter_namespace
+        try:
+            pods = await self._call(_list_snapshotters, self._core, namespace)
+        except ApiException as exc:
+            raise self._api_error(exc, f"list the snapshotter pods in {namespace}") from exc
+        for pod in pods:
+            status = pod.get("status") or {}
+            if (
+                (pod.get("spec") or {}).get("nodeName") == node
+                and status.get("phase") == "Running"
+                and status.get("podIP")
+            ):
+                return f"http://{status['podIP']}:{self._settings.snapshotter_port}"
+        raise errors.Unavailable(
+            f"no running snapshotter on node {node} (namespace {namespace})",
+            hint="the orchard-snapshotter DaemonSet runs on sandbox nodes; check its pods with "
+            f"kubectl -n {namespace} get pods -o wide",
         )
 
-    async def delete_snapshot(self, ref: str) -> NoReturn:
-        raise errors.NotSupported(
-            "snapshots are not supported by the kubernetes backend in this version"
+    async def snapshot(
+        self, sandbox_id: str, snapshot_id: str, *, parent: str | None = None
+    ) -> SnapshotImage:
+        """Ask the snapshotter on the sandbox's node to push its writable layer as
+        ``<registry>:<snapshot_id>``; the ref is pinned by digest. ``parent`` is recorded by
+        the orchestrator (the image's history shows the layers)."""
+        self._ensure_started()
+        self._check_id(sandbox_id)
+        registry, token = self._snapshot_settings()
+        pod = await self._current(sandbox_id)
+        if pod is None:
+            raise errors.SandboxNotFound(f"sandbox {sandbox_id!r} has no pod to snapshot")
+        main = next(
+            (
+                c
+                for c in _statuses(pod.get("status") or {}, "containerStatuses")
+                if c.get("name") == MAIN_CONTAINER
+            ),
+            {},
         )
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or "running" not in (main.get("state") or {}) or not main.get("containerID"):
+            raise errors.SandboxNotReady(f"sandbox {sandbox_id!r} is not running: no snapshot")
+        # imageID is the pulled image pinned by digest (repo@sha256:...) where the runtime
+        # reports one; else the reference the pod asked for.
+        image_id = str(main.get("imageID") or "")
+        base = image_id if "@sha256:" in image_id else str(main.get("image") or "")
+        base = base or pod["spec"]["containers"][0]["image"]
+        url = await self._snapshotter_on(node)
+        body = {"container_id": main["containerID"], "base_image": base,
+                "target": f"{registry}:{snapshot_id}"}  # fmt: skip
+        try:
+            async with httpx.AsyncClient(timeout=SNAPSHOT_TIMEOUT) as client:
+                response = await client.post(
+                    f"{url}/snapshot", json=body, headers={"Authorization": f"Bearer {token}"}
+                )
+        except httpx.HTTPError as exc:
+            raise errors.Unavailable(
+                f"the snapshotter on node {node} ({url}) did not answer: {exc!r}",
+                hint="its NetworkPolicy admits the orchestrator pods only; check its log",
+            ) from exc
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = {}
+        if response.status_code != 200:
+            failure = errors.error_from_wire(response.status_code, answer)
+            raise type(failure)(
+                f"the snapshotter on node {node}: {failure.message}", hint=failure.hint
+            )
+        return SnapshotImage(
+            ref=f"{answer['ref']}@{answer['digest']}", size_bytes=int(answer["size_bytes"])
+        )
+
+    def _delete_manifest(self, ref: str) -> bool:
+        with RegistryClient(
+            credentials=load_credentials(self._settings.registry_config),
+            plain_http=frozenset(
+                {Reference.parse(ref).registry} if self._settings.registry_plain_http else ()
+            ),
+        ) as client:
+            return client.delete_manifest(Reference.parse(ref))
+
+    async def delete_snapshot(self, ref: str) -> bool:
+        """Delete the snapshot's manifest from the registry (by its digest). Its layers go
+        with the registry's garbage collection."""
+        registry, _ = self._snapshot_settings()
+        if not ref.startswith(f"{registry}:"):
+            raise errors.InvalidRequest(
+                f"{ref!r} is not a snapshot image (they are {registry}:<id>)"
+            )
+        return await asyncio.to_thread(self._delete_manifest, ref)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._cache.stop)

@@ -611,6 +611,9 @@ class FakeKubelet:
     namespace: str = "orchard-sandboxes"
     missing_images: set[str] = field(default_factory=lambda: {MISSING_IMAGE})
     secret_retry_seconds: float = 0.05
+    # Pod name -> fields the runtime reports in its running main container's status
+    # (containerID, imageID: what the snapshot tests point at a real container).
+    main_status: dict[str, Obj] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._work: queue.Queue[tuple[str, str] | None] = queue.Queue()
@@ -801,7 +804,13 @@ class FakeKubelet:
                 "podIPs": [{"ip": ip}],
                 "initContainerStatuses": [init_status],
                 "containerStatuses": [
-                    {"name": main["name"], "ready": False, "restartCount": 0, "state": state}
+                    {
+                        "name": main["name"],
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": state,
+                        **(self.main_status.get(name, {}) if phase == "Running" else {}),
+                    }
                 ],
             },
         )
