@@ -72,7 +72,9 @@ else
   mkdir -p "$(dirname "$SOCKET")"
   rm -f "$SOCKET"  # a stale socket file from a service that is gone
   say "starting podman system service on unix://$SOCKET (log: $LOG)"
-  setsid nohup podman system service --time=0 "unix://$SOCKET" >>"$LOG" 2>&1 </dev/null &
+  # From /: the service's working directory is where conmon drops its files (an "oom"
+  # marker when a sandbox's command is OOM-killed), so never the caller's checkout.
+  (cd / && setsid nohup podman system service --time=0 "unix://$SOCKET" >>"$LOG" 2>&1 </dev/null &)
   for _ in $(seq 1 60); do
     answers && break
     sleep 0.5
