@@ -139,19 +139,50 @@ def root_upperdir(pid: int, *, proc: Path = Path("/proc")) -> RootMount:
     return RootMount(upperdir=upper, mount_points=frozenset(mount_points))
 
 
-def _freezer_file(pid: int, proc: Path, cgroup_root: Path) -> tuple[Path, str, str] | None:
-    """(file, frozen value, thawed value) of the freezer of ``pid``'s cgroup, if any."""
+def _find_cgroup_dir(root: Path, container_id: str, depth: int = 8) -> Path | None:
+    """The directory under ``root`` named after ``container_id`` (breadth first)."""
+    level = [root]
+    for _ in range(depth):
+        below: list[Path] = []
+        for directory in level:
+            with contextlib.suppress(OSError):
+                for child in directory.iterdir():
+                    if child.is_dir() and not child.is_symlink():
+                        if container_id in child.name:
+                            return child
+                        below.append(child)
+        level = below
+    return None
+
+
+def _freezer_file(
+    pid: int, container_id: str, proc: Path, cgroup_root: Path
+) -> tuple[Path, str, str] | None:
+    """(file, frozen value, thawed value) of the freezer of ``pid``'s cgroup, if any.
+
+    The cgroup path in ``/proc/<pid>/cgroup`` is relative to the reader's cgroup namespace (a
+    pod has its own): when it does not name a directory under ``cgroup_root`` (the host's
+    cgroup tree, mounted), the directory named after the container is searched for.
+    """
     for line in (proc / str(pid) / "cgroup").read_text().splitlines():
         hierarchy, controllers, path = line.split(":", 2)
-        rel = path.lstrip("/")
         if hierarchy == "0" and controllers == "":
-            v2 = cgroup_root / rel / "cgroup.freeze"
-            if v2.exists():
-                return v2, "1", "0"
+            base, control, frozen, thawed = cgroup_root, "cgroup.freeze", "1", "0"
         elif "freezer" in controllers.split(","):
-            v1 = cgroup_root / "freezer" / rel / "freezer.state"
-            if v1.exists():
-                return v1, "FROZEN", "THAWED"
+            base, control, frozen, thawed = (
+                cgroup_root / "freezer",
+                "freezer.state",
+                "FROZEN",
+                "THAWED",
+            )
+        else:
+            continue
+        direct = base / path.lstrip("/")
+        if ".." not in Path(path).parts and (direct / control).exists():
+            return direct / control, frozen, thawed
+        found = _find_cgroup_dir(base, container_id)
+        if found is not None and (found / control).exists():
+            return found / control, frozen, thawed
     return None
 
 
@@ -164,15 +195,16 @@ def _is_frozen(control: Path) -> bool:
 @contextlib.contextmanager
 def freeze(
     pid: int,
+    container_id: str,
     *,
     proc: Path = Path("/proc"),
     cgroup_root: Path = Path("/sys/fs/cgroup"),
     timeout: float = 10.0,
 ) -> Iterator[str | None]:
-    """Freeze the cgroup of ``pid`` for the duration; yields None when frozen, or the reason
-    it could not be (the caller reports the snapshot as not crash-consistent)."""
+    """Freeze the cgroup of ``pid`` (of container ``container_id``) for the duration; yields
+    None when frozen, or the reason it could not be (then the snapshot is not consistent)."""
     try:
-        found = _freezer_file(pid, proc, cgroup_root)
+        found = _freezer_file(pid, container_id.rpartition("://")[2], proc, cgroup_root)
     except (OSError, ValueError) as exc:
         found, reason = None, f"cannot read the cgroup of process {pid}: {exc}"
     else:
@@ -218,6 +250,17 @@ class _HashingWriter:
 
     def flush(self) -> None:
         self._target.flush()
+
+
+CAP_SYS_ADMIN = 21
+
+
+def has_capability(bit: int, *, status: Path = Path("/proc/self/status")) -> bool:
+    """Whether this process has capability ``bit`` in its effective set."""
+    for line in status.read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> bit & 1)
+    return False
 
 
 def _is_whiteout(st: os.stat_result) -> bool:

@@ -7,8 +7,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchard_env import errors
 from orchard_env.agent.bundle import BUNDLE_MOUNT
-from orchard_env.snapshotter.layer import find_container_pid, freeze, root_upperdir, write_layer
+from orchard_env.snapshotter.layer import (
+    CAP_SYS_ADMIN,
+    find_container_pid,
+    freeze,
+    has_capability,
+    root_upperdir,
+    write_layer,
+)
 from orchard_env.snapshotter.registry import RegistryClient, push_snapshot
 
 logger = logging.getLogger(__name__)
@@ -48,12 +56,20 @@ def take_snapshot(
     ``pid``: a process of the container, when the caller knows it (otherwise it is found by
     the container id in ``/proc/*/cgroup``).
     """
+    if not has_capability(CAP_SYS_ADMIN):
+        # Without it the kernel hides trusted.* xattrs: opaque directories would go unseen
+        # and a deleted directory's old contents would come back in the snapshot.
+        raise errors.NotSupported(
+            "the snapshotter lacks CAP_SYS_ADMIN, which reading overlayfs' "
+            "trusted.overlay.opaque attributes needs",
+            hint="the orchard-snapshotter DaemonSet adds it; run it as rendered",
+        )
     if pid is None:
         pid = find_container_pid(container_id, proc=proc)
     root = root_upperdir(pid, proc=proc)
     with tempfile.TemporaryDirectory(prefix="orchard-snapshot-") as scratch:
         layer_path = Path(scratch) / "layer.tar.gz"
-        with freeze(pid, proc=proc, cgroup_root=cgroup_root) as not_frozen:
+        with freeze(pid, container_id, proc=proc, cgroup_root=cgroup_root) as not_frozen:
             if not_frozen is not None:
                 logger.warning("snapshot of %s is not frozen: %s", container_id, not_frozen)
             layer = write_layer(

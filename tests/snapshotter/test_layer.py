@@ -16,6 +16,7 @@ from orchard_env.snapshotter.layer import (
     OPAQUE_MARKER,
     find_container_pid,
     freeze,
+    has_capability,
     root_upperdir,
     write_layer,
 )
@@ -85,7 +86,7 @@ def test_freeze_v2_freezes_then_thaws(tmp_path: Path) -> None:
     group.mkdir(parents=True)
     (group / "cgroup.freeze").write_text("0")
     (group / "cgroup.events").write_text("populated 1\nfrozen 1\n")
-    with freeze(42, proc=proc, cgroup_root=tmp_path / "cgroup") as reason:
+    with freeze(42, CID, proc=proc, cgroup_root=tmp_path / "cgroup") as reason:
         assert reason is None
         assert (group / "cgroup.freeze").read_text() == "1"
     assert (group / "cgroup.freeze").read_text() == "0"
@@ -96,7 +97,7 @@ def test_freeze_v1_and_a_cgroup_that_does_not_freeze_in_time(tmp_path: Path) -> 
     group = tmp_path / "cgroup" / "freezer" / "libpod_parent" / "libpod-x"
     group.mkdir(parents=True)
     (group / "freezer.state").write_text("THAWED")
-    with freeze(42, proc=proc, cgroup_root=tmp_path / "cgroup") as reason:
+    with freeze(42, CID, proc=proc, cgroup_root=tmp_path / "cgroup") as reason:
         assert reason is None
         assert (group / "freezer.state").read_text() == "FROZEN"
     assert (group / "freezer.state").read_text() == "THAWED"
@@ -108,7 +109,7 @@ def test_freeze_v1_and_a_cgroup_that_does_not_freeze_in_time(tmp_path: Path) -> 
     (slow / "cgroup.events").write_text("frozen 0\n")
     with (
         pytest.raises(errors.Timeout, match="did not freeze"),
-        freeze(7, proc=proc2, cgroup_root=tmp_path / "cg2", timeout=0.05),
+        freeze(7, CID, proc=proc2, cgroup_root=tmp_path / "cg2", timeout=0.05),
     ):
         pass
     assert (slow / "cgroup.freeze").read_text() == "0"
@@ -116,7 +117,7 @@ def test_freeze_v1_and_a_cgroup_that_does_not_freeze_in_time(tmp_path: Path) -> 
 
 def test_freeze_says_why_it_cannot(tmp_path: Path) -> None:
     proc = _fake_proc(tmp_path, {42: "0::/nowhere\n"})
-    with freeze(42, proc=proc, cgroup_root=tmp_path / "cgroup") as reason:
+    with freeze(42, CID, proc=proc, cgroup_root=tmp_path / "cgroup") as reason:
         assert reason is not None
         assert "no writable freezer" in reason
 
@@ -194,3 +195,28 @@ def test_write_layer_converts_whiteouts_and_leaves_out_the_mounts(tmp_path: Path
 def test_write_layer_of_a_missing_upperdir(tmp_path: Path) -> None:
     with pytest.raises(errors.NotFound, match="does not exist on this host"):
         write_layer(tmp_path / "gone", tmp_path / "out.tar.gz")
+
+
+def test_freeze_finds_the_containers_cgroup_outside_its_own_cgroup_namespace(
+    tmp_path: Path,
+) -> None:
+    """In a pod, /proc/<pid>/cgroup shows paths relative to the pod's own cgroup; the host's
+    tree (a hostPath) is searched for the container's directory instead."""
+    proc = _fake_proc(tmp_path, {42: f"0::/../../kubepods/pod9/cri-containerd-{CID}.scope\n"})
+    group = tmp_path / "cgroup" / "kubepods.slice" / "pod9" / f"cri-containerd-{CID}.scope"
+    group.mkdir(parents=True)
+    (group / "cgroup.freeze").write_text("0")
+    (group / "cgroup.events").write_text("frozen 1\n")
+    with freeze(42, f"containerd://{CID}", proc=proc, cgroup_root=tmp_path / "cgroup") as reason:
+        assert reason is None
+        assert (group / "cgroup.freeze").read_text() == "1"
+    assert (group / "cgroup.freeze").read_text() == "0"
+
+
+def test_has_capability(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text("Name:\tx\nCapEff:\t0000000000200000\n")
+    assert has_capability(21, status=status)
+    status.write_text("Name:\tx\nCapEff:\t0000000000000004\n")
+    assert not has_capability(21, status=status)
+    assert has_capability(2, status=status)
