@@ -659,3 +659,18 @@ class ForkResult(BaseModel):
     snapshot: Snapshot
     sandboxes: list[SandboxInfo]
     failures: list[ForkFailure] = Field(default_factory=list)
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    hint: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: the ``code`` names the :mod:`orchard_env.errors` class."""
+
+    detail: ErrorDetail

@@ -13,7 +13,11 @@ from fastapi import FastAPI
 from orchard_env import __version__
 from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.api import router
-from orchard_env.orchestrator.api.errors import RequestContextMiddleware, install_error_handlers
+from orchard_env.orchestrator.api.errors import (
+    RequestContextMiddleware,
+    document_errors,
+    install_error_handlers,
+)
 from orchard_env.orchestrator.backends import make_backend
 from orchard_env.orchestrator.backends.base import Backend
 from orchard_env.orchestrator.keys import import_key_file
@@ -67,6 +71,7 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    document_errors(app)
     app.add_middleware(RequestContextMiddleware)
     app.include_router(router())
     return app

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchard_env.errors import InvalidRequest, NotFound, OrchardError, Unavailable
 from orchard_env.orchestrator.logs import request_id_var
+from orchard_env.protocol import ErrorBody
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,36 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     response = error_response(error)
     response.status_code = exc.status_code
     return response
+
+
+def document_errors(app: FastAPI) -> None:
+    """Make the OpenAPI schema say what the service answers on errors: a bad request is a
+    400 with :class:`~orchard_env.protocol.ErrorBody` (never FastAPI's 422 validation body),
+    and any route may answer an ``ErrorBody`` with the status of its error class."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            components.pop(name, None)
+        body = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(body.pop("$defs", {}))
+        components["ErrorBody"] = body
+        ref = {"$ref": "#/components/schemas/ErrorBody"}
+        error = {"content": {"application/json": {"schema": ref}}}
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                responses = operation.setdefault("responses", {})
+                if responses.pop("422", None) is not None:
+                    responses["400"] = {"description": "Invalid request", **error}
+                responses["default"] = {"description": "An error (see its code)", **error}
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def install_error_handlers(app: FastAPI) -> None:
