@@ -503,7 +503,6 @@ class Health(BaseModel):
     status: Literal["healthy", "degraded"] = "healthy"
     version: str
     backend: str
-    sandboxes: int | None = None
 
 
 # --- PTY (websocket JSON frames, upstream-compatible) ------------------------------------
