@@ -188,7 +188,7 @@ class SandboxService:
         )
         if cpu > self.settings.max_cpu:
             raise LimitExceeded(
-                f"cpu {request.cpu} is above this service's cap of {self.settings.max_cpu:g} cores",
+                f"cpu {cpu:g} is above this service's cap of {self.settings.max_cpu:g} cores",
                 hint="ask for less, or raise the cap with ORCHARD_MAX_CPU",
             )
         if memory > self.settings.max_memory:

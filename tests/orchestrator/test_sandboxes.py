@@ -96,6 +96,8 @@ async def test_sizes_above_the_caps_are_422_naming_the_setting(
         "message": "cpu 8 is above this service's cap of 4 cores",
         "hint": "ask for less, or raise the cap with ORCHARD_MAX_CPU",
     }
+    as_number = await service.http.post("/sandboxes", json={"image": "debian:12", "cpu": 64})
+    assert detail(as_number)["message"] == "cpu 64 is above this service's cap of 4 cores"
     response = await service.http.post("/sandboxes", json={"image": "debian:12", "memory": "16Gi"})
     assert response.status_code == 422
     assert detail(response) == {
