@@ -77,5 +77,26 @@ COMMON_LABELS = {
 }
 AGENT_PORT = int(next(s.default for s in SERVICE_SETTINGS if s.key == "agent_port") or 0)
 
+SNAPSHOTTER = "orchard-snapshotter"
+"""The node snapshotters' DaemonSet (and the label value of its pods); with ``snapshots: true``
+it runs in the namespace ``<service namespace>-snapshotter``."""
+
+
+def snapshotter_namespace(service_namespace: str) -> str:
+    """The snapshotters' namespace of a deployment whose service namespace is given."""
+    return f"{service_namespace}-snapshotter"
+
+
+SNAPSHOTTER_SECRET = "orchard-snapshotter-token"  # noqa: S105 - a name
+SNAPSHOTTER_TOKEN_DIR = "/etc/orchard/snapshotter"  # noqa: S105 - a path
+REGISTRY_SECRET = "orchard-registry"  # noqa: S105 - a name
+"""Optional, made by the operator: a kubernetes.io/dockerconfigjson Secret with credentials
+for the snapshots repository (ACR: a repository-scoped token), in the service and the
+snapshotter namespaces."""
+REGISTRY_CONFIG_DIR = "/etc/orchard/registry"
+SNAPSHOTTER_PORT = int(
+    next(s.default for s in SERVICE_SETTINGS if s.key == "snapshotter_port") or 0
+)
+
 SUPPORTED_KUBERNETES_VERSIONS = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34", "1.35")
 """The Kubernetes minor versions every rendered object is validated against (tests)."""

@@ -40,6 +40,7 @@ _PLURALS = {
     "Service": "services",
     "Pod": "pods",
     "Deployment": "deployments",
+    "DaemonSet": "daemonsets",
     "Role": "roles",
     "RoleBinding": "rolebindings",
     "NetworkPolicy": "networkpolicies",

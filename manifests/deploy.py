@@ -30,6 +30,8 @@ from manifests import (
     REDIS,
     REDIS_SECRET,
     SERVICE,
+    SNAPSHOTTER_SECRET,
+    snapshotter_namespace,
 )
 from manifests.apply import (
     Applied,
@@ -110,7 +112,7 @@ def _check_namespaces(api: KubeApi, values: DeployValues) -> list[str]:
     """The deployment's namespaces that exist. Refuses a namespace Orchard did not create
     (or that another deployment owns): a deploy would relabel it, an undeploy delete it."""
     existing = []
-    for namespace in (values.namespace, values.sandbox_namespace):
+    for namespace in (values.namespace, values.sandbox_namespace, values.snapshotter_namespace):
         found = api.get(collection_path("v1", "Namespace", None) + f"/{namespace}")
         if found is None:
             continue
@@ -155,7 +157,19 @@ def _with_secrets(api: KubeApi, values: DeployValues) -> tuple[DeployValues, boo
     if values.redis:
         password = _secret_values(api, values.namespace, REDIS_SECRET).get("password")
         password = password or secrets.token_urlsafe(32)
-    return replace(values, api_key=api_key, redis_password=password), key_created
+    snapshotter_token = None
+    if values.snapshots:
+        stored_token = _secret_values(api, values.namespace, SNAPSHOTTER_SECRET).get("token")
+        snapshotter_token = stored_token or secrets.token_urlsafe(32)
+    return (
+        replace(
+            values,
+            api_key=api_key,
+            redis_password=password,
+            snapshotter_token=snapshotter_token,
+        ),
+        key_created,
+    )
 
 
 def dry_run(
@@ -263,6 +277,7 @@ def undeploy(
         name=profile.name,
         namespace=service.namespace,
         sandbox_namespace=service.sandbox_namespace,
+        snapshotter_namespace=snapshotter_namespace(service.namespace),
     )
     client = _cluster(profile, kubeconfig, context)
     try:

@@ -29,6 +29,13 @@ from manifests import (
     REDIS,
     REDIS_SECRET,
     REDIS_SETTING,
+    REGISTRY_CONFIG_DIR,
+    REGISTRY_SECRET,
+    SNAPSHOTTER,
+    SNAPSHOTTER_PORT,
+    SNAPSHOTTER_SECRET,
+    SNAPSHOTTER_TOKEN_DIR,
+    snapshotter_namespace,
 )
 from orchard_env.config import SERVICE_SETTINGS
 from orchard_env.errors import ConfigError
@@ -49,6 +56,13 @@ _SERVICE_FILES = (
     "disruption.yaml",
 )
 _SANDBOX_FILES = ("namespace.yaml", "rbac.yaml", "networkpolicies.yaml")
+_SNAPSHOTTER_FILES = (
+    "namespace.yaml",
+    "rbac.yaml",
+    "token.yaml",
+    "networkpolicies.yaml",
+    "daemonset.yaml",
+)
 
 # Apply order: what others refer to comes first; the sandbox namespace is closed
 # (NetworkPolicies) before the orchestrator that creates sandboxes starts.
@@ -62,6 +76,7 @@ KIND_ORDER = (
     "PersistentVolumeClaim",
     "NetworkPolicy",
     "Deployment",
+    "DaemonSet",
     "Service",
     "PodDisruptionBudget",
 )
@@ -88,6 +103,10 @@ class DeployValues:
     agent_port: int = AGENT_PORT
     api_key: str | None = None
     redis_password: str | None = None
+    snapshots: bool = False
+    snapshot_repository: str | None = None  # <registry>/<repository>/snapshots
+    snapshotter_namespace: str = "orchard-snapshotter"
+    snapshotter_token: str | None = None
 
 
 def _has_redis_store() -> bool:
@@ -134,6 +153,15 @@ def values_from_profile(profile: DeploymentProfile, refs: Mapping[str, str]) -> 
             "service.redis: this version of the orchestrator keeps its state in SQLite only",
             hint="set service.redis: false and service.replicas: 1",
         )
+    snapshot_repository = None
+    if profile.snapshots:
+        if not profile.registry.server:
+            raise ConfigError(
+                "snapshots: true needs the registry to push snapshots to",
+                hint="set registry.server in the profile (the images' registry: the "
+                "snapshots go to <server>/<repository>/snapshots)",
+            )
+        snapshot_repository = f"{profile.registry.server}/{profile.registry.repository}/snapshots"
     missing = [key for key in ("orchestrator", "agent-injector") if not refs.get(key)]
     if missing:
         raise ConfigError(f"no image reference for {', '.join(missing)}")
@@ -150,6 +178,9 @@ def values_from_profile(profile: DeploymentProfile, refs: Mapping[str, str]) -> 
         redis=service.redis,
         runtime_class=profile.runtime_class,
         limits=profile.limits,
+        snapshots=profile.snapshots,
+        snapshot_repository=snapshot_repository,
+        snapshotter_namespace=snapshotter_namespace(service.namespace),
     )
 
 
@@ -228,6 +259,14 @@ def service_settings(values: DeployValues) -> dict[str, str]:
     }
     if values.runtime_class:
         settings["runtime_class"] = values.runtime_class
+    if values.snapshots and values.snapshot_repository:
+        settings.update(
+            registry=values.snapshot_repository,
+            snapshotter_token_file=f"{SNAPSHOTTER_TOKEN_DIR}/token",
+            snapshotter_namespace=values.snapshotter_namespace,
+            snapshotter_port=str(SNAPSHOTTER_PORT),
+            registry_config=f"{REGISTRY_CONFIG_DIR}/.dockerconfigjson",
+        )
     return settings
 
 
@@ -242,6 +281,10 @@ def _objects(values: DeployValues) -> list[tuple[str, KubeObject]]:
         found += [("service", obj) for obj in _load("base", "service", "redis.yaml")]
     for name in _SANDBOX_FILES:
         found += [("sandboxes", obj) for obj in _load("base", "sandboxes", name)]
+    if values.snapshots:
+        found += [("service", obj) for obj in _load("base", "snapshotter", "token.yaml")]
+        for name in _SNAPSHOTTER_FILES:
+            found += [("snapshotter", obj) for obj in _load("base", "snapshotter", name)]
     return found
 
 
@@ -319,8 +362,9 @@ def _configure(objects: list[KubeObject], values: DeployValues) -> None:
     if values.load_balancer:
         public = _get(objects, "Service", "orchard-public")
         public["spec"]["loadBalancerSourceRanges"] = list(values.load_balancer_source_ranges)
-    binding = _get(objects, "RoleBinding", ORCHESTRATOR)
-    binding["subjects"][0]["namespace"] = values.namespace
+    for binding in objects:
+        if binding["kind"] == "RoleBinding" and binding["metadata"]["name"] == ORCHESTRATOR:
+            binding["subjects"][0]["namespace"] = values.namespace
     agent = _get(objects, "NetworkPolicy", "orchard-agent-ingress")
     rule = agent["spec"]["ingress"][0]
     rule["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] = (
@@ -329,11 +373,47 @@ def _configure(objects: list[KubeObject], values: DeployValues) -> None:
     rule["ports"][0]["port"] = values.agent_port
 
 
+def _secret_volume(name: str, secret: str, *, optional: bool = False) -> KubeObject:
+    source: KubeObject = {"secretName": secret, "defaultMode": 0o440}
+    if optional:
+        source["optional"] = True
+    return {"name": name, "secret": source}
+
+
+def _configure_snapshots(objects: list[KubeObject], values: DeployValues) -> None:
+    """The snapshotter DaemonSet, its token (in both namespaces) and the orchestrator's
+    mounts of the token and of the optional registry credentials."""
+    for secret in objects:
+        if secret["kind"] == "Secret" and secret["metadata"]["name"] == SNAPSHOTTER_SECRET:
+            secret.pop("stringData", None)
+            secret.update(_secret_data({"token": values.snapshotter_token}))
+    pod = _get(objects, "DaemonSet", SNAPSHOTTER)["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    container["image"] = values.orchestrator_image
+    container["imagePullPolicy"] = _pull_policy(values.orchestrator_image)
+    for variable in container["env"]:
+        if variable["name"] == "ORCHARD_SNAPSHOTTER_TARGET_PREFIX":
+            variable["value"] = f"{values.snapshot_repository}:"
+    policy = _get(objects, "NetworkPolicy", "orchard-snapshotter-ingress")
+    peer = policy["spec"]["ingress"][0]["from"][0]
+    peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] = values.namespace
+
+    orchestrator = _get(objects, "Deployment", ORCHESTRATOR)["spec"]["template"]["spec"]
+    orchestrator["volumes"] += [
+        _secret_volume("snapshotter-token", SNAPSHOTTER_SECRET),
+        _secret_volume("registry", REGISTRY_SECRET, optional=True),
+    ]
+    orchestrator["containers"][0]["volumeMounts"] += [
+        {"name": "snapshotter-token", "mountPath": SNAPSHOTTER_TOKEN_DIR, "readOnly": True},
+        {"name": "registry", "mountPath": REGISTRY_CONFIG_DIR, "readOnly": True},
+    ]
+
+
 def _label(obj: KubeObject, values: DeployValues) -> None:
     labels = {**COMMON_LABELS, INSTANCE_LABEL: values.name}
     obj["metadata"]["labels"] = {**obj["metadata"].get("labels", {}), **labels}
     template = obj.get("spec", {}).get("template")
-    if obj["kind"] == "Deployment" and template is not None:
+    if obj["kind"] in ("Deployment", "DaemonSet") and template is not None:
         template["metadata"]["labels"] = {**template["metadata"]["labels"], **labels}
 
 
@@ -352,8 +432,13 @@ def render(values: DeployValues) -> list[KubeObject]:
     password) the Secrets' values are masked: such a render is for reading, not applying."""
     placed = _objects(values)
     objects: list[KubeObject] = []
+    namespaces = {
+        "service": values.namespace,
+        "sandboxes": values.sandbox_namespace,
+        "snapshotter": values.snapshotter_namespace,
+    }
     for role, obj in placed:
-        namespace = values.namespace if role == "service" else values.sandbox_namespace
+        namespace = namespaces[role]
         if obj["kind"] == "Namespace":
             obj["metadata"]["name"] = namespace
         else:  # name, then namespace, then the rest: as kubectl shows them
@@ -361,6 +446,8 @@ def render(values: DeployValues) -> list[KubeObject]:
             obj["metadata"] = {"name": name, "namespace": namespace, **obj["metadata"]}
         objects.append(obj)
     _configure(objects, values)
+    if values.snapshots:
+        _configure_snapshots(objects, values)
     for obj in objects:
         _label(obj, values)
     _overlay(objects, values.overlay)

@@ -155,6 +155,11 @@ class DeploymentProfile(_Section):
     service: ServiceProfile = Field(default_factory=ServiceProfile)
     limits: Limits = Field(default_factory=Limits)
     image_tag: str | None = Field(default=None, description="default: <version>-<git commit>")
+    snapshots: bool = Field(
+        default=False,
+        description="snapshots on Kubernetes: a node snapshotter on each sandbox node pushes "
+        "them to <registry.server>/<registry.repository>/snapshots",
+    )
 
     @field_validator("name")
     @classmethod
