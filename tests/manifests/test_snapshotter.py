@@ -13,11 +13,13 @@ import kubernetes_validate
 import pytest
 
 from manifests import MASKED, SNAPSHOTTER_PORT, SUPPORTED_KUBERNETES_VERSIONS
+from manifests.deploy import deploy, undeploy
 from manifests.render import DeployValues, KubeObject, render, values_from_profile
 from orchard_env.config import SERVICE_SETTINGS
 from orchard_env.errors import ConfigError
 from orchard_env.snapshotter.server import SnapshotterSettings
 from provision.profile import parse_profile
+from tests.manifests.kube_fake import FakeKube
 from tests.manifests.test_deploy import REFS
 
 TOKEN = "t" * 43
@@ -184,3 +186,26 @@ def test_the_token_is_masked_until_the_deploy_makes_it() -> None:
     for namespace in ("lab", "lab-snapshotter"):
         secret = _by(with_token, "Secret", "orchard-snapshotter-token", namespace)
         assert base64.b64decode(secret["data"]["token"]).decode() == TOKEN
+
+
+def _stored_token(kube: FakeKube, namespace: str) -> str:
+    secret = kube.get(f"/api/v1/namespaces/{namespace}/secrets/orchard-snapshotter-token")
+    assert secret is not None
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
+def test_deploy_makes_one_token_keeps_it_and_undeploy_removes_the_namespace(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    profile = parse_profile({**PROFILE, "target": "kubeconfig"}, source="test")
+    deploy(profile, REFS, kubeconfig=kubeconfig, interval=0.01)
+    token = _stored_token(kube, "lab")
+    assert len(token) >= 32
+    assert _stored_token(kube, "lab-snapshotter") == token
+    assert kube.get("/apis/apps/v1/namespaces/lab-snapshotter/daemonsets/orchard-snapshotter")
+    second = deploy(profile, REFS, kubeconfig=kubeconfig, interval=0.01)
+    assert {applied.action for applied in second.applied} == {"unchanged"}
+    assert _stored_token(kube, "lab-snapshotter") == token
+    deleted = undeploy(profile, kubeconfig=kubeconfig, interval=0.01)
+    assert deleted == ["lab-sandboxes", "lab", "lab-snapshotter"]
+    assert kube.objects == {}
