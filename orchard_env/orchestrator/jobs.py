@@ -186,7 +186,7 @@ class JobService:
         if request.job_id is not None:
             existing = await self.store.get_job(request.job_id)
             if existing is not None:
-                return self._existing(existing, sandbox_id, caller)
+                return self._existing(existing, sandbox_id, caller, request)
         sandbox = await self.sandboxes.require_ready(sandbox_id, caller)
         record = JobRecord(
             job_id=request.job_id or uuid.uuid4().hex,
@@ -198,17 +198,25 @@ class JobService:
         )
         stored, created = await self.store.insert_job(record)
         if not created:
-            return self._existing(stored, sandbox_id, caller)
+            return self._existing(stored, sandbox_id, caller, request)
         self._start(stored, attach=False)
         await self.sandboxes.touch(sandbox.sandbox_id)
         log.info("job submitted", extra={"job_id": stored.job_id, "sandbox_id": sandbox_id})
         return stored
 
-    def _existing(self, record: JobRecord, sandbox_id: str, caller: Caller) -> JobRecord:
+    def _existing(
+        self, record: JobRecord, sandbox_id: str, caller: Caller, request: ExecRequest
+    ) -> JobRecord:
+        """The job a retried submission names; a job id reused for something else is a 409."""
         if record.sandbox_id != sandbox_id or not caller.can_see(record.owner):
             raise Conflict(
                 f"job id {record.job_id} is already used by another sandbox's job",
                 hint="job ids must be unique: leave job_id out to get a fresh one",
+            )
+        if record.command != command_text(request.command):
+            raise Conflict(
+                f"job id {record.job_id} already ran another command: {record.command!r}",
+                hint="a retry must resend the same command; use a new job_id for a new one",
             )
         run = self._runs.get(record.job_id)
         return run.snapshot() if run is not None else record

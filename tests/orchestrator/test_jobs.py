@@ -97,6 +97,20 @@ async def test_a_job_id_of_another_sandbox_is_409(service: Service) -> None:
     }
 
 
+async def test_a_job_id_reused_for_another_command_is_409(service: Service) -> None:
+    sandbox_id = (await service.create())["sandbox_id"]
+    await service.exec(sandbox_id, "echo first", job_id="once")
+    response = await service.http.post(
+        f"/sandboxes/{sandbox_id}/exec", json={"command": "echo second", "job_id": "once"}
+    )
+    assert response.status_code == 409
+    assert detail(response) == {
+        "code": "conflict",
+        "message": "job id once already ran another command: 'echo first'",
+        "hint": "a retry must resend the same command; use a new job_id for a new one",
+    }
+
+
 async def test_wait_semantics(service: Service) -> None:
     sandbox_id = (await service.create())["sandbox_id"]
     submitted = await service.http.post(
