@@ -100,8 +100,11 @@ class PushResult:
 
 
 def load_credentials(docker_config: Path | None) -> dict[str, tuple[str, str]]:
-    """Registry host -> (user, password) from a docker config JSON (none when None)."""
-    if docker_config is None:
+    """Registry host -> (user, password) from a docker config JSON. None, or a file that does
+    not exist (the optional Secret was not made), means no credentials: anonymous access."""
+    if docker_config is None or not docker_config.exists():
+        if docker_config is not None:
+            logger.info("no registry credentials at %s: anonymous access", docker_config)
         return {}
     try:
         auths = json.loads(docker_config.read_text()).get("auths", {})
@@ -252,15 +255,19 @@ class RegistryClient:
         return response.status_code == 200
 
     def upload_blob(
-        self, ref: Reference, digest: str, content: Callable[[], bytes | Iterator[bytes]]
+        self,
+        ref: Reference,
+        digest: str,
+        content: Callable[[], bytes | Iterator[bytes]],
+        size: int,
     ) -> None:
-        """POST an upload session, then PUT the whole blob into it."""
+        """POST an upload session, then PUT the whole blob (``size`` bytes) into it."""
         started = self._check(
             self.request("POST", ref.registry, ref.repository, "blobs/uploads/"),
             f"starting an upload to {ref.registry}/{ref.repository}",
             202,
         )
-        self._put_upload(ref, started, digest, content)
+        self._put_upload(ref, started, digest, content, size)
 
     def _put_upload(
         self,
@@ -268,9 +275,13 @@ class RegistryClient:
         started: httpx.Response,
         digest: str,
         content: Callable[[], bytes | Iterator[bytes]],
+        size: int,
     ) -> None:
         location = str(started.url.join(started.headers["Location"]))
         joiner = "&" if "?" in location else "?"
+        # A known length: a plain body, not chunked transfer encoding, which not every
+        # registry takes on a PUT.
+        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
         self._check(
             self.request(
                 "PUT",
@@ -279,7 +290,7 @@ class RegistryClient:
                 "",
                 url=f"{location}{joiner}digest={digest}",
                 content=content,
-                headers={"Content-Type": "application/octet-stream"},
+                headers=headers,
             ),
             f"uploading blob {digest} to {ref.registry}/{ref.repository}",
             201,
@@ -301,10 +312,10 @@ class RegistryClient:
                 return
             self._check(mounted, f"mounting blob {digest} into {target}", 202)
             data = self.get_blob(source, digest)
-            self._put_upload(target, mounted, digest, lambda: data)
+            self._put_upload(target, mounted, digest, lambda: data, len(data))
             return
         data = self.get_blob(source, digest)
-        self.upload_blob(target, digest, lambda: data)
+        self.upload_blob(target, digest, lambda: data, len(data))
 
     def put_manifest(self, ref: Reference, manifest: bytes, media_type: str) -> str:
         self._check(
@@ -381,7 +392,7 @@ def push_snapshot(
     for entry in manifest["layers"]:
         client.copy_blob(base, dest, entry["digest"])
     if not client.has_blob(dest, layer.digest):
-        client.upload_blob(dest, layer.digest, _file_chunks(layer.path))
+        client.upload_blob(dest, layer.digest, _file_chunks(layer.path), layer.size_bytes)
 
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     config.setdefault("rootfs", {"type": "layers", "diff_ids": []})["diff_ids"].append(
@@ -392,7 +403,7 @@ def push_snapshot(
     config_bytes = json.dumps(config, separators=(",", ":")).encode()
     config_digest = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
     if not client.has_blob(dest, config_digest):
-        client.upload_blob(dest, config_digest, lambda: config_bytes)
+        client.upload_blob(dest, config_digest, lambda: config_bytes, len(config_bytes))
 
     docker_flavour = media_type == DOCKER_MANIFEST
     new_manifest = dict(manifest)

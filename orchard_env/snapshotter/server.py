@@ -126,9 +126,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise errors.InvalidRequest("request body too large")
         try:
             body = json.loads(self.rfile.read(length))
-            container_id, base_image, target = (
-                body["container_id"], body["base_image"], body["target"]
-            )  # fmt: skip
+            container_id = body["container_id"]
+            base_image, target = body["base_image"], body["target"]
         except (ValueError, KeyError, TypeError) as exc:
             raise errors.InvalidRequest(
                 "the body must be JSON with container_id, base_image and target"

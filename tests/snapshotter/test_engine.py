@@ -79,9 +79,13 @@ def test_snapshot_of_a_running_container_restores_its_files(
     _podman("pull", "--tls-verify=false", CREDS, target)
     try:
         listing = _podman(
-            "run", "--rm", target, "sh", "-c",
+            "run",
+            "--rm",
+            target,
+            "sh",
+            "-c",
             "cat /workspace/data/file.txt; ls /usr/sbin; ls /linuxrc /bin/arch 2>&1; ls /bin/cat",
-        )  # fmt: skip
+        )
     finally:
         _podman("rmi", target)
     lines = listing.splitlines()

@@ -58,8 +58,8 @@ def _push_base(
             "history": [{"created_by": "base"}],
         }
     ).encode()
-    client.upload_blob(ref, _sha(layer), lambda: layer)
-    client.upload_blob(ref, _sha(config), lambda: config)
+    client.upload_blob(ref, _sha(layer), lambda: layer, len(layer))
+    client.upload_blob(ref, _sha(config), lambda: config, len(config))
     docker = media_type == DOCKER_MANIFEST
     manifest = {
         "schemaVersion": 2,
@@ -209,6 +209,7 @@ def test_load_credentials_reports_an_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(errors.ConfigError, match="cannot read the registry credentials"):
         load_credentials(broken)
     assert load_credentials(None) == {}
+    assert load_credentials(tmp_path / "absent.json") == {}  # the optional Secret not made
     encoded = tmp_path / "hub.json"
     auth = base64.b64encode(b"me:pw").decode()
     encoded.write_text(json.dumps({"auths": {"https://index.docker.io/v1/": {"auth": auth}}}))

@@ -1237,8 +1237,11 @@ class KubernetesBackend:
         base = image_id if "@sha256:" in image_id else str(main.get("image") or "")
         base = base or pod["spec"]["containers"][0]["image"]
         url = await self._snapshotter_on(node)
-        body = {"container_id": main["containerID"], "base_image": base,
-                "target": f"{registry}:{snapshot_id}"}  # fmt: skip
+        body = {
+            "container_id": main["containerID"],
+            "base_image": base,
+            "target": f"{registry}:{snapshot_id}",
+        }
         try:
             async with httpx.AsyncClient(timeout=SNAPSHOT_TIMEOUT) as client:
                 response = await client.post(

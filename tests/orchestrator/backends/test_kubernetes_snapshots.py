@@ -5,6 +5,7 @@ orchard_env.snapshotter (on 127.0.0.1) pushing to the fake registry."""
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -46,8 +47,8 @@ def registry() -> Iterator[FakeRegistry]:
 @pytest.fixture
 def docker_config(tmp_path: Path, registry: FakeRegistry) -> Path:
     path = tmp_path / "registry.json"
-    path.write_text(f'{{"auths": {{"{registry.host}": {{"username": "{USER}", '
-                    f'"password": "{PASSWORD}"}}}}}}')  # fmt: skip
+    auths = {"auths": {registry.host: {"username": USER, "password": PASSWORD}}}
+    path.write_text(json.dumps(auths))
     return path
 
 
