@@ -19,7 +19,10 @@ Orchestrator pods carry ``app.kubernetes.io/name=orchard-orchestrator``
 (:data:`ORCHESTRATOR_LABEL`) and run as ServiceAccount ``orchard-orchestrator``, whose only
 rights are the Role ``orchard-orchestrator`` in the sandbox namespace: pods (create, get, list,
 watch, delete), pods/status (get), secrets (create, get, delete), networkpolicies (create,
-get, list, delete). Nothing cluster-scoped, no exec, no patch.
+get, list, delete). Nothing cluster-scoped, no exec, no patch. With ``snapshots: true`` it
+may also get and list pods in the snapshotter namespace (``<service namespace>-snapshotter``),
+to find the node snapshotter (DaemonSet ``orchard-snapshotter``, pods labelled
+``app.kubernetes.io/name=orchard-snapshotter``) on a sandbox's node.
 
 Sandbox pods must carry:
 
