@@ -70,6 +70,7 @@ VALIDATE_VERSIONS = (
     manifests.SUPPORTED_KUBERNETES_VERSIONS[-1],
 )
 RBAC_FILE = Path(manifests.__file__).parent / "base" / "sandboxes" / "rbac.yaml"
+SNAPSHOTTER_RBAC_FILE = Path(manifests.__file__).parent / "base" / "snapshotter" / "rbac.yaml"
 
 KINDS = {
     "pods": ("v1", "Pod"),
@@ -87,10 +88,11 @@ _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 Obj = dict[str, Any]
 
 
-def role_rules() -> dict[str, set[str]]:
-    """resource -> verbs, from the Role `orchard deploy` installs."""
+def role_rules(path: Path = RBAC_FILE) -> dict[str, set[str]]:
+    """resource -> verbs, from the Role `orchard deploy` installs (in the sandbox namespace by
+    default)."""
     rules: dict[str, set[str]] = {}
-    for document in yaml.safe_load_all(RBAC_FILE.read_text()):
+    for document in yaml.safe_load_all(path.read_text()):
         if document and document.get("kind") == "Role":
             for rule in document["rules"]:
                 for resource in rule["resources"]:
@@ -175,10 +177,13 @@ class FakeKubeApi:
     listeners: list[Callable[[str, str, Obj], None]] = field(default_factory=list)
     # Watch requests wait while it is clear (tests hold reconnections back with it).
     watch_gate: threading.Event = field(default_factory=threading.Event)
+    # Namespace -> the rbac.yaml whose Role the orchestrator has there (default: RBAC_FILE's).
+    namespace_rbac: dict[str, Path] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.watch_gate.set()
         self.rules = role_rules()
+        self.namespace_rules = {ns: role_rules(path) for ns, path in self.namespace_rbac.items()}
         self._objects: dict[tuple[str, str, str], Obj] = {}
         self._events: list[_Event] = []
         self._revision = 1
@@ -403,7 +408,7 @@ class FakeKubeApi:
                 404, "NotFound", f"the server could not find the requested resource {path}"
             )
         namespace, resource, name = match["ns"], match["resource"], match["name"]
-        if verb not in self.rules.get(resource, set()):
+        if verb not in self.namespace_rules.get(namespace, self.rules).get(resource, set()):
             group = "networking.k8s.io" if resource == "networkpolicies" else ""
             raise ApiError(
                 403,

@@ -27,7 +27,7 @@ from orchard_env.orchestrator.backends.kubernetes import (
 )
 from orchard_env.snapshotter.server import SnapshotterServer, SnapshotterSettings
 from tests.orchestrator.backends.conftest import NAMESPACE, Cluster
-from tests.orchestrator.backends.kube_fake import NODE, fake_cluster
+from tests.orchestrator.backends.kube_fake import NODE, SNAPSHOTTER_RBAC_FILE, fake_cluster
 from tests.orchestrator.backends.registry_fake import PASSWORD, USER, FakeRegistry
 from tests.orchestrator.backends.test_kubernetes import make_spec
 from tests.orchestrator.conftest import eventually
@@ -54,7 +54,11 @@ def docker_config(tmp_path: Path, registry: FakeRegistry) -> Path:
 
 @pytest.fixture
 def snap_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with fake_cluster(tmp_path, namespaces=(NAMESPACE, SNAP_NAMESPACE)) as parts:
+    with fake_cluster(
+        tmp_path,
+        namespaces=(NAMESPACE, SNAP_NAMESPACE),
+        namespace_rbac={SNAP_NAMESPACE: SNAPSHOTTER_RBAC_FILE},  # pods get/list only
+    ) as parts:
         yield Cluster(*parts)
 
 
