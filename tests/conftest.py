@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +45,21 @@ def _remove_test_containers(client: docker.DockerClient, *, current: bool) -> No
         if (mine and current) or (not mine and not current and not Path(f"/proc/{pid}").exists()):
             with contextlib.suppress(docker.errors.NotFound):
                 container.remove(force=True, v=True)
+
+
+def image_tags(client: docker.DockerClient, label: str) -> list[str]:
+    """The tags of the images carrying ``label``. Podman's image list fails ("image not
+    known") when another request removes an image meanwhile, as a reaper does: ask again."""
+    for attempt in range(10):
+        try:
+            return [
+                tag for image in client.images.list(filters={"label": label}) for tag in image.tags
+            ]
+        except docker.errors.APIError as exc:
+            if "image not known" not in str(exc) or attempt == 9:
+                raise
+            time.sleep(0.1)
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ everything leaves no container and no image behind."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from orchard_env import errors
 from orchard_env.config import ServiceSettings, service_settings
 from orchard_env.orchestrator.backends.docker_engine import LABEL_INSTANCE
 from orchard_env.sdk import SandboxClient
+from tests.conftest import image_tags
 from tests.servers import Live, live_service
 
 pytestmark = pytest.mark.engine
@@ -44,16 +46,15 @@ def cleanup(docker_client: docker.DockerClient, settings: ServiceSettings) -> It
     label = f"{LABEL_INSTANCE}={settings.instance}"
     for container in docker_client.containers.list(all=True, filters={"label": label}):
         container.remove(force=True)
-    for image in docker_client.images.list(filters={"label": label}):
-        for tag in image.tags:
+    for tag in image_tags(docker_client, label):
+        with contextlib.suppress(docker.errors.NotFound):
             docker_client.images.remove(tag)
 
 
 def engine_leftovers(client: docker.DockerClient, instance: str) -> list[str]:
     label = f"{LABEL_INSTANCE}={instance}"
     containers = [c.name for c in client.containers.list(all=True, filters={"label": label})]
-    images = [t for i in client.images.list(filters={"label": label}) for t in i.tags]
-    return containers + images
+    return containers + image_tags(client, label)
 
 
 @pytest.fixture

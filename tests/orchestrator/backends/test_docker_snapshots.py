@@ -25,6 +25,7 @@ from orchard_env.orchestrator.backends.docker_engine import (
     SNAPSHOT_REPOSITORY,
     DockerEngineBackend,
 )
+from tests.conftest import image_tags
 
 pytestmark = pytest.mark.engine
 
@@ -41,12 +42,11 @@ def settings(tmp_path_factory: pytest.TempPathFactory, engine_instance: str) -> 
 def remove_snapshot_images(client: docker.DockerClient, instance: str) -> list[str]:
     """Remove this instance's snapshot images; return their tags."""
     tags = []
-    for image in client.images.list(filters={"label": f"{LABEL_INSTANCE}={instance}"}):
-        for tag in image.tags:
-            if tag.startswith(f"{SNAPSHOT_REPOSITORY}:"):
-                tags.append(tag)
-                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
-                    client.images.remove(tag)
+    for tag in image_tags(client, f"{LABEL_INSTANCE}={instance}"):
+        if tag.startswith(f"{SNAPSHOT_REPOSITORY}:"):
+            tags.append(tag)
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                client.images.remove(tag)
     return tags
 
 
@@ -60,10 +60,8 @@ def leftovers(
         containers = docker_client.containers.list(
             all=True, filters={"label": f"{LABEL_INSTANCE}={settings.instance}"}
         )
-        images = docker_client.images.list(
-            filters={"label": f"{LABEL_INSTANCE}={settings.instance}"}
-        )
-        return [c.name for c in containers] + [t for i in images for t in i.tags]
+        images = image_tags(docker_client, f"{LABEL_INSTANCE}={settings.instance}")
+        return [c.name for c in containers] + images
 
     yield held
     remove_snapshot_images(docker_client, settings.instance)
