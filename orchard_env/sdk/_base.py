@@ -345,3 +345,30 @@ def describe_validation(exc: ValidationError) -> str:
 def whole_seconds(seconds: float) -> int:
     """The wire's integer seconds, rounded up (a 0.5 s timeout is 1 s, never 0)."""
     return max(1, math.ceil(seconds))
+
+
+class ClientView:
+    """Where a client talks to, as both clients show it (read from their :class:`ClientCore`)."""
+
+    _core: ClientCore
+
+    @property
+    def base_url(self) -> str:
+        return self._core.base_url
+
+    @property
+    def api_key(self) -> str | None:
+        return self._core.api_key
+
+    @property
+    def prefix(self) -> str | None:
+        return self._core.prefix
+
+    @property
+    def context(self) -> str | None:
+        """The config-file context the URL or key came from, if one was used."""
+        return self._core.context
+
+    @property
+    def timeout(self) -> float:
+        return self._core.timeout

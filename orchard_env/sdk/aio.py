@@ -25,7 +25,7 @@ import httpx
 from orchard_env import errors, protocol
 from orchard_env.sdk import _cleanup
 from orchard_env.sdk import _flows as flows
-from orchard_env.sdk._base import ClientCore, Flow, Send, Sleep, transport_error
+from orchard_env.sdk._base import ClientCore, ClientView, Flow, Send, Sleep, transport_error
 from orchard_env.sdk._handle import (
     CHUNK,
     OutputSink,
@@ -45,7 +45,7 @@ _T = TypeVar("_T")
 _LIMITS = httpx.Limits(max_connections=200, max_keepalive_connections=50)
 
 
-class AsyncSandboxClient:
+class AsyncSandboxClient(ClientView):
     """The asyncio :class:`~orchard_env.sdk.SandboxClient`: same arguments, same methods.
 
     Sandboxes it creates are tracked like the sync client's, and deleted by ``close()`` /
@@ -90,27 +90,6 @@ class AsyncSandboxClient:
             self._core.on_tracking(
                 partial(_cleanup.track, target), partial(_cleanup.untrack, target)
             )
-
-    @property
-    def base_url(self) -> str:
-        return self._core.base_url
-
-    @property
-    def api_key(self) -> str | None:
-        return self._core.api_key
-
-    @property
-    def prefix(self) -> str | None:
-        return self._core.prefix
-
-    @property
-    def context(self) -> str | None:
-        """The config-file context the URL or key came from, if one was used."""
-        return self._core.context
-
-    @property
-    def timeout(self) -> float:
-        return self._core.timeout
 
     @property
     def is_closed(self) -> bool:

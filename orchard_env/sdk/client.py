@@ -24,7 +24,7 @@ import httpx
 from orchard_env import errors, protocol
 from orchard_env.sdk import _cleanup
 from orchard_env.sdk import _flows as flows
-from orchard_env.sdk._base import ClientCore, Flow, Send, Sleep, transport_error
+from orchard_env.sdk._base import ClientCore, ClientView, Flow, Send, Sleep, transport_error
 from orchard_env.sdk._handle import (
     CHUNK,
     OutputSink,
@@ -43,7 +43,7 @@ logger = logging.getLogger("orchard_env.sdk")
 _T = TypeVar("_T")
 
 
-class SandboxClient:
+class SandboxClient(ClientView):
     """A connection to an Orchard service (alias-compatible with upstream Orchard Env).
 
     Where it connects: ``base_url``/``api_key`` arguments, else ``ORCHARD_URL`` /
@@ -94,27 +94,6 @@ class SandboxClient:
             self._core.on_tracking(
                 partial(_cleanup.track, target), partial(_cleanup.untrack, target)
             )
-
-    @property
-    def base_url(self) -> str:
-        return self._core.base_url
-
-    @property
-    def api_key(self) -> str | None:
-        return self._core.api_key
-
-    @property
-    def prefix(self) -> str | None:
-        return self._core.prefix
-
-    @property
-    def context(self) -> str | None:
-        """The config-file context the URL or key came from, if one was used."""
-        return self._core.context
-
-    @property
-    def timeout(self) -> float:
-        return self._core.timeout
 
     @property
     def is_closed(self) -> bool:
