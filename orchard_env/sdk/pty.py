@@ -188,7 +188,29 @@ class _Session:
         raise errors.OrchardError("the PTY session closed without an exit status")
 
 
-class PtyProcess:
+class _ProcessView:
+    """The process state both PTY handles show, read from their session."""
+
+    _session: _Session
+
+    @property
+    def pid(self) -> int | None:
+        """The process id inside the sandbox."""
+        return self._session.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code once the process has exited, else None."""
+        return self._session.returncode
+
+    def poll(self) -> int | None:
+        """The exit code if the process has exited (or the session ended), else None."""
+        if self._session.returncode is not None:
+            return self._session.returncode
+        return -1 if self._session.ended else None
+
+
+class PtyProcess(_ProcessView):
     """A process on a pseudo-terminal in a sandbox (from :meth:`Sandbox.pty`).
 
     ``read`` returns output as it arrives; ``wait`` returns the exit code (negative: the
@@ -234,22 +256,6 @@ class PtyProcess:
             if self._session.error is not None:
                 raise self._session.error
             raise errors.Timeout(f"the PTY session at {url} did not start within {open_timeout}s")
-
-    @property
-    def pid(self) -> int | None:
-        """The process id inside the sandbox."""
-        return self._session.pid
-
-    @property
-    def returncode(self) -> int | None:
-        """The exit code once the process has exited, else None."""
-        return self._session.returncode
-
-    def poll(self) -> int | None:
-        """The exit code if the process has exited (or the session ended), else None."""
-        if self._session.returncode is not None:
-            return self._session.returncode
-        return -1 if self._session.ended else None
 
     def write_stdin(self, data: str | bytes) -> None:
         self._send(_stdin_frame(data))
@@ -364,7 +370,7 @@ class PtyProcess:
                 self._cond.notify_all()
 
 
-class AsyncPtyProcess:
+class AsyncPtyProcess(_ProcessView):
     """The asyncio twin of :class:`PtyProcess` (alias ``AsyncContainerProcess``).
 
     Open with ``await AsyncPtyProcess.connect(...)`` (what :meth:`AsyncSandbox.pty` does).
@@ -415,19 +421,6 @@ class AsyncPtyProcess:
             await process.close()
             raise session.error or errors.OrchardError("the PTY session closed before it started")
         return process
-
-    @property
-    def pid(self) -> int | None:
-        return self._session.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._session.returncode
-
-    def poll(self) -> int | None:
-        if self._session.returncode is not None:
-            return self._session.returncode
-        return -1 if self._session.ended else None
 
     async def write_stdin(self, data: str | bytes) -> None:
         await self._send(_stdin_frame(data))
