@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Annotated
 
 import typer
@@ -26,6 +28,15 @@ app = typer.Typer(
 )
 
 ImageOpt = Annotated[str, typer.Option("--image", help="Image to benchmark with.")]
+
+
+def _async_clients(
+    url: str | None, api_key: str | None, context: str | None
+) -> Callable[[], AsyncSandboxClient]:
+    """Makes async clients for the resolved service (resolved once, here, so a bad context
+    fails before any benchmark starts)."""
+    settings = client_settings(url, api_key, context)
+    return partial(AsyncSandboxClient, base_url=settings.url, api_key=settings.api_key, timeout=600)
 
 
 def _emit(result: BenchResult, json_: bool) -> None:
@@ -87,11 +98,7 @@ def launch(
     context: ContextOpt = None,
 ) -> None:
     """n sandboxes at once, 4 commands each: total time, commands/s, success rate."""
-    settings = client_settings(url, api_key, context)
-
-    def make_client() -> AsyncSandboxClient:
-        return AsyncSandboxClient(base_url=settings.url, api_key=settings.api_key, timeout=600)
-
+    make_client = _async_clients(url, api_key, context)
     with err.status("launch benchmark") as status:
         result = bench_launch(make_client, image=image, n=n, progress=status.update)
     _emit(result, json_)
@@ -112,11 +119,7 @@ def fork(
     context: ContextOpt = None,
 ) -> None:
     """Snapshot latency and fork k until all are exec-able, beside k fresh creates."""
-    settings = client_settings(url, api_key, context)
-
-    def make_client() -> AsyncSandboxClient:
-        return AsyncSandboxClient(base_url=settings.url, api_key=settings.api_key, timeout=600)
-
+    make_client = _async_clients(url, api_key, context)
     with err.status("fork benchmark") as status:
         result = bench_fork(
             make_client,
