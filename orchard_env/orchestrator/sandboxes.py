@@ -39,6 +39,7 @@ from orchard_env.orchestrator.backends.base import (
     BackendSandbox,
     SandboxSpec,
     SandboxState,
+    not_your_snapshot,
 )
 from orchard_env.orchestrator.records import LIVE_STATUSES, SandboxRecord
 from orchard_env.orchestrator.store import Store
@@ -209,6 +210,8 @@ class SandboxService:
         """Start a sandbox (``source_snapshot``: restored from that snapshot, whose image
         ``request.image`` names); readiness follows in the background."""
         cpu, memory = self._size(request)
+        if source_snapshot is None and self.backend.is_snapshot_image(request.image):
+            source_snapshot = await self._own_snapshot(request.image, caller)
         sandbox_id = request.sandbox_id or new_sandbox_id()
         now = self.clock()
         record = SandboxRecord(
@@ -246,6 +249,14 @@ class SandboxService:
         )
         return record.to_info(self.settings)
 
+    async def _own_snapshot(self, image: str, caller: Caller) -> str:
+        """The id of the caller's live snapshot whose image is ``image``; else 404, the same
+        answer whether the image exists, is another key's, or another deployment's."""
+        for snapshot in await self.store.list_snapshots(owner=caller.owner_filter):
+            if snapshot.image == image:
+                return snapshot.snapshot_id
+        raise not_your_snapshot(image)
+
     @staticmethod
     def _exists(sandbox_id: str) -> SandboxExists:
         return SandboxExists(
@@ -268,6 +279,7 @@ class SandboxService:
             pids_limit=self.settings.pids_limit,
             ttl_seconds=record.ttl_seconds or None,
             record_annotation=record.annotation(),
+            snapshot_id=record.source_snapshot,
         )
         try:
             return await self.backend.create(spec)

@@ -1,0 +1,144 @@
+"""Tenants and deployments on one real engine (Podman here): the attacks of one key on
+another's snapshots, job ids and sessions, and of one deployment on another's snapshot
+images, performed through the orchestrator over HTTP with real containers."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+import pytest
+
+from orchard_env.config import ServiceSettings, service_settings
+from orchard_env.orchestrator.backends.docker_engine import LABEL_INSTANCE, DockerEngineBackend
+from orchard_env.orchestrator.keys import create_key
+from tests.orchestrator.backends.test_docker_snapshots import remove_snapshot_images
+from tests.servers import asgi_service
+
+pytestmark = pytest.mark.engine
+
+
+@dataclass
+class Deployment:
+    """One orchestrator on the engine, with an admin client and a way to make keys."""
+
+    transport: httpx.ASGITransport
+    admin: httpx.AsyncClient
+    settings: ServiceSettings
+
+    async def client(self, name: str) -> httpx.AsyncClient:
+        orchard = self.transport.app.state.orchard  # type: ignore[attr-defined]
+        key = await create_key(orchard.store, name)
+        return httpx.AsyncClient(
+            transport=self.transport,
+            base_url="http://orchard",
+            headers={"X-API-Key": key.api_key},
+            timeout=120,
+        )
+
+
+@pytest.fixture
+def deploy(
+    tmp_path_factory: pytest.TempPathFactory,
+    engine_instance: str,
+    agent_bundle: Path,
+    docker_client: docker.DockerClient,
+    busybox_image: str,
+) -> AsyncIterator[Callable[[str], Any]]:
+    """Start deployments ``f"{engine_instance}-<suffix>"``, each with a state dir of its own;
+    their containers and snapshot images are removed at the end."""
+
+    @contextlib.asynccontextmanager
+    async def start(suffix: str) -> AsyncIterator[Deployment]:
+        settings = service_settings(
+            state_dir=tmp_path_factory.mktemp("tn"),
+            instance=f"{engine_instance}-{suffix}",
+            agent_bundle_dir=agent_bundle,
+            ready_timeout_seconds=60,
+        )
+        backend = DockerEngineBackend(settings, bundle_dir=agent_bundle)
+        try:
+            async with asgi_service(settings, backend, key_name="admin") as (transport, key):
+                admin = httpx.AsyncClient(
+                    transport=transport,
+                    base_url="http://orchard",
+                    headers={"X-API-Key": key},
+                    timeout=120,
+                )
+                yield Deployment(transport, admin, settings)
+        finally:
+            for sandbox in await backend.list():
+                await backend.delete(sandbox.sandbox_id)
+            await backend.close()
+            remove_snapshot_images(docker_client, settings.instance)
+
+    return start  # type: ignore[return-value]
+
+
+async def ready(client: httpx.AsyncClient, image: str, **body: Any) -> dict[str, Any]:
+    created = await client.post("/sandboxes", json={"image": image, **body})
+    assert created.status_code == 201, created.text
+    sandbox_id = created.json()["sandbox_id"]
+    waited = await client.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60})
+    info: dict[str, Any] = waited.json()
+    assert info["status"] == "ready", info
+    return info
+
+
+async def run(client: httpx.AsyncClient, sandbox_id: str, command: str) -> dict[str, Any]:
+    response = await client.post(
+        f"/sandboxes/{sandbox_id}/exec", json={"command": command, "wait": True}
+    )
+    assert response.status_code == 200, response.text
+    job: dict[str, Any] = response.json()
+    return job
+
+
+async def test_another_key_or_deployment_cannot_start_a_snapshot_image_by_name(
+    deploy: Callable[[str], Any], busybox_image: str, docker_client: docker.DockerClient
+) -> None:
+    async with deploy("a") as first, deploy("b") as second:
+        alice, bob = await first.client("alice"), await first.client("bob")
+        source = await ready(alice, busybox_image)
+        await run(alice, source["sandbox_id"], "echo alices-secret > /workspace/s")
+        taken = await alice.post(f"/sandboxes/{source['sandbox_id']}/snapshot", json={})
+        snap = taken.json()
+        image = snap["image"]
+        assert image.startswith(f"localhost/orchard/snapshots/{first.settings.instance}:")
+        image_id = docker_client.images.get(image).id
+        short = image.removeprefix("localhost/")
+        attempts = [
+            (bob, image),
+            (bob, short),
+            (bob, image_id),
+            (await second.client("carol"), image),
+        ]
+        for client, name in attempts:
+            refused = await client.post("/sandboxes", json={"image": name})
+            assert refused.status_code == 404, (name, refused.text)
+            assert refused.json()["detail"]["code"] == "snapshot_not_found"
+            assert (
+                refused.json()["detail"]["message"] == f"image {name!r} is not a snapshot of yours"
+            )
+        # Not even the other deployment's admin, and a made-up id answers the same.
+        for name in (image, f"localhost/orchard/snapshots/{first.settings.instance}:snap-0"):
+            other = await second.admin.post("/sandboxes", json={"image": name})
+            assert other.status_code == 404 and other.json()["detail"]["message"] == (
+                f"image {name!r} is not a snapshot of yours"
+            )
+        assert (await bob.get("/sandboxes")).json()["sandboxes"] == []
+        containers = docker_client.containers.list(
+            all=True, filters={"label": f"{LABEL_INSTANCE}={second.settings.instance}"}
+        )
+        assert containers == []
+        # The owner may: it is a restore of that snapshot, with its files.
+        own = await ready(alice, image)
+        assert own["source_snapshot"] == snap["snapshot_id"]
+        assert (await run(alice, own["sandbox_id"], "cat /workspace/s"))["stdout"] == (
+            "alices-secret\n"
+        )
