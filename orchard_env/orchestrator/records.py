@@ -125,6 +125,9 @@ class JobRecord(BaseModel):
     job_id: str
     sandbox_id: str
     owner: str | None = None
+    # Job ids are unique per scope: the key that owns the job's sandbox ("" without keys), so
+    # one tenant's ids neither collide with nor reveal another's.
+    scope: str = ""
     command: str
     request: ExecRequest
     status: JobStatus = JobStatus.QUEUED

@@ -142,3 +142,34 @@ async def test_another_key_or_deployment_cannot_start_a_snapshot_image_by_name(
         assert (await run(alice, own["sandbox_id"], "cat /workspace/s"))["stdout"] == (
             "alices-secret\n"
         )
+
+
+async def test_a_job_id_of_another_key_is_neither_squatted_nor_revealed(
+    deploy: Callable[[str], Any], busybox_image: str
+) -> None:
+    async with deploy("j") as service:
+        alice, bob = await service.client("alice"), await service.client("bob")
+        alices, bobs = await ready(alice, busybox_image), await ready(bob, busybox_image)
+        squat = await bob.post(
+            f"/sandboxes/{bobs['sandbox_id']}/exec",
+            json={"command": "echo bob", "job_id": "x", "wait": True},
+        )
+        assert squat.status_code == 200 and squat.json()["stdout"] == "bob\n"
+        # Alice's probe of x: nothing there; her submit of x runs her command.
+        probe = await alice.get("/jobs/x")
+        assert probe.status_code == 404 and probe.json()["detail"]["code"] == "job_not_found"
+        body = {"command": "echo alice; echo run >> /workspace/count", "job_id": "x"}
+        mine = await alice.post(
+            f"/sandboxes/{alices['sandbox_id']}/exec", json={**body, "wait": True}
+        )
+        assert mine.status_code == 200, mine.text
+        assert mine.json()["stdout"] == "alice\n"
+        assert mine.json()["sandbox_id"] == alices["sandbox_id"]
+        # A retry with the same id is the same job: it does not run again.
+        again = await alice.post(f"/sandboxes/{alices['sandbox_id']}/exec", json=body)
+        assert again.json()["stdout"] == "alice\n"
+        count = await run(alice, alices["sandbox_id"], "cat /workspace/count")
+        assert count["stdout"] == "run\n"
+        assert (await alice.get("/jobs/x")).json()["stdout"] == "alice\n"
+        assert (await bob.get("/jobs/x")).json()["stdout"] == "bob\n"
+        assert (await bob.get("/jobs/x/wait")).json()["sandbox_id"] == bobs["sandbox_id"]
