@@ -2,9 +2,10 @@
 
 A submission inserts the job row first (``INSERT OR IGNORE``): a job id that is already known
 returns the existing job and runs nothing. Ids are unique per scope, the key that owns the
-sandbox: another key's job ``x`` is neither a conflict for this key's ``x`` nor visible. The command is sent to the agent with its job id,
-so a lost connection, or an orchestrator restart, re-attaches to the same run (the agent
-replays its output from the start) instead of running it again.
+sandbox: another key's job ``x`` is neither a conflict for this key's ``x`` nor visible. The
+command is sent to the agent with its job id, so a lost connection, or an orchestrator restart,
+re-attaches to the same run (the agent replays its output from the start) instead of running
+it again.
 
 Each running job has an in-memory :class:`JobRun` (live output, a done event, followers for
 streamed output); the store holds the durable state: queued, then running, then the final
