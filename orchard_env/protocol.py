@@ -340,13 +340,17 @@ class ExecEvent(BaseModel):
     """One NDJSON line of ``POST /sandboxes/{id}/exec/stream``.
 
     ``started`` (carries job_id), then any number of ``stdout``/``stderr`` (text in ``data``),
-    then exactly one ``exit`` carrying the final ``job``.
+    then exactly one ``exit`` carrying the final ``job``; or, instead of ``exit``, an ``error``
+    (``code`` and ``message``, as in an error answer) when the stream is ended by the service,
+    e.g. because its API key was revoked. The command itself is not stopped by that.
     """
 
-    event: Literal["started", "stdout", "stderr", "exit"]
+    event: Literal["started", "stdout", "stderr", "exit", "error"]
     job_id: str
     data: str | None = None
     job: Job | None = None
+    code: str | None = None
+    message: str | None = None
 
 
 # --- files and patches ---------------------------------------------------------------------

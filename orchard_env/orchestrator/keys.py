@@ -38,6 +38,10 @@ NO_KEYS_HINT = (
 )
 
 
+def revoked_message(key_id: str | None) -> str:
+    return f"the API key {key_id} was revoked"
+
+
 def hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 
@@ -155,9 +159,7 @@ async def verify_key(store: Store, api_key: str | None) -> KeyRecord:
             )
         raise PermissionDenied("the API key is not valid", hint="check the key, or ask an admin")
     if record.revoked_at is not None:
-        raise PermissionDenied(
-            f"the API key {record.key_id} was revoked", hint="ask an admin for a new key"
-        )
+        raise PermissionDenied(revoked_message(record.key_id), hint="ask an admin for a new key")
     return record
 
 

@@ -474,6 +474,8 @@ class StreamReplay:
                 return None
             self._started = True
             return event
+        if event.event == "error":  # ended by the service: re-attaching would not help
+            raise errors.error_class(event.code or "internal")(event.message or "stream ended")
         if event.event == "exit":
             assert event.job is not None, "exit events carry the job"
             self.final = ExecResult.model_validate(event.job.model_dump())

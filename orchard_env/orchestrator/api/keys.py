@@ -28,4 +28,6 @@ async def list_keys(orchard: OrchardDep, caller: CallerDep) -> list[KeyInfo]:
 @router.delete("/keys/{key_id}")
 async def revoke_key(key_id: str, orchard: OrchardDep, caller: CallerDep) -> KeyInfo:
     caller.require_admin()
-    return await keys.revoke_key(orchard.store, key_id)
+    revoked = await keys.revoke_key(orchard.store, key_id)
+    orchard.sessions.revoked(key_id)  # its open PTY sessions and streamed execs end now
+    return revoked

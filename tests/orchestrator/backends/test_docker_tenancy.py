@@ -4,7 +4,9 @@ images, performed through the orchestrator over HTTP with real containers."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,10 +15,14 @@ from typing import Any
 import docker
 import httpx
 import pytest
+import uvicorn
+from websockets.asyncio.client import unix_connect
+from websockets.exceptions import ConnectionClosed
 
 from orchard_env.config import ServiceSettings, service_settings
 from orchard_env.orchestrator.backends.docker_engine import LABEL_INSTANCE, DockerEngineBackend
-from orchard_env.orchestrator.keys import create_key
+from orchard_env.orchestrator.keys import create_key, revoke_key
+from orchard_env.orchestrator.services import Orchard
 from tests.orchestrator.backends.test_docker_snapshots import remove_snapshot_images
 from tests.servers import asgi_service
 
@@ -31,15 +37,34 @@ class Deployment:
     admin: httpx.AsyncClient
     settings: ServiceSettings
 
+    @property
+    def orchard(self) -> Orchard:
+        orchard: Orchard = self.transport.app.state.orchard  # type: ignore[attr-defined]
+        return orchard
+
     async def client(self, name: str) -> httpx.AsyncClient:
-        orchard = self.transport.app.state.orchard  # type: ignore[attr-defined]
-        key = await create_key(orchard.store, name)
+        key = await create_key(self.orchard.store, name)
         return httpx.AsyncClient(
             transport=self.transport,
             base_url="http://orchard",
             headers={"X-API-Key": key.api_key},
             timeout=120,
         )
+
+    @contextlib.asynccontextmanager
+    async def on_socket(self, path: Path) -> AsyncIterator[None]:
+        """The same app also served on a unix socket (for WebSockets and streamed bodies)."""
+        app = self.transport.app  # type: ignore[attr-defined]
+        server = uvicorn.Server(uvicorn.Config(app, uds=str(path), lifespan="off", log_config=None))
+        task = asyncio.create_task(server.serve())
+        try:
+            while not server.started:
+                assert not task.done(), "uvicorn did not start"
+                await asyncio.sleep(0.02)
+            yield
+        finally:
+            server.should_exit = True
+            await task
 
 
 @pytest.fixture
@@ -173,3 +198,78 @@ async def test_a_job_id_of_another_key_is_neither_squatted_nor_revealed(
         assert (await alice.get("/jobs/x")).json()["stdout"] == "alice\n"
         assert (await bob.get("/jobs/x")).json()["stdout"] == "bob\n"
         assert (await bob.get("/jobs/x/wait")).json()["sandbox_id"] == bobs["sandbox_id"]
+
+
+async def test_revoking_a_key_ends_its_open_terminal_and_streamed_execs(
+    deploy: Callable[[str], Any], busybox_image: str, tmp_path: Path
+) -> None:
+    async with deploy("r") as service:
+        orchard = service.orchard
+        alice_key = await create_key(orchard.store, "alice")
+        bob_key = await create_key(orchard.store, "bob")  # revoked by another process
+        socket = tmp_path / "o.sock"
+        async with service.on_socket(socket), contextlib.AsyncExitStack() as opened:
+            clients = {
+                key.key_id: await opened.enter_async_context(
+                    httpx.AsyncClient(
+                        transport=httpx.AsyncHTTPTransport(uds=str(socket)),
+                        base_url="http://orchard",
+                        headers={"X-API-Key": key.api_key},
+                        timeout=120,
+                    )
+                )
+                for key in (alice_key, bob_key)
+            }
+            boxes = {
+                key_id: (await ready(client, busybox_image))["sandbox_id"]
+                for key_id, client in clients.items()
+            }
+            headers = {"X-API-Key": alice_key.api_key}
+            path = f"/sandboxes/{boxes[alice_key.key_id]}/exec/pty"
+            async with (
+                unix_connect(
+                    str(socket), uri=f"ws://orchard{path}", additional_headers=headers
+                ) as terminal,
+                contextlib.AsyncExitStack() as streams,
+            ):
+                await terminal.send(json.dumps({"type": "init", "cmd": ["cat"]}))
+                assert json.loads(await terminal.recv())["type"] == "ready"
+                lines = {}
+                for key_id, client in clients.items():
+                    response = await streams.enter_async_context(
+                        client.stream(
+                            "POST",
+                            f"/sandboxes/{boxes[key_id]}/exec/stream",
+                            json={"command": "echo first; sleep 600", "job_id": "long"},
+                        )
+                    )
+                    lines[key_id] = response.aiter_lines()
+                    for expected in ("started", "stdout"):
+                        assert json.loads(await anext(lines[key_id]))["event"] == expected
+
+                revoked = await service.admin.delete(f"/keys/{alice_key.key_id}")
+                assert revoked.status_code == 200
+                frames = []
+                with pytest.raises(ConnectionClosed) as closed:
+                    while True:
+                        frames.append(json.loads(await terminal.recv()))
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 4403
+                assert frames[-1] == {
+                    "type": "error",
+                    "message": "the API key of this session was revoked",
+                }
+                # Another process (`orchard keys revoke --local`) writes to the store only.
+                await revoke_key(orchard.store, bob_key.key_id)
+                for key in (alice_key, bob_key):
+                    rest = [json.loads(line) async for line in lines[key.key_id]]
+                    assert rest == [
+                        {
+                            "event": "error",
+                            "job_id": "long",
+                            "code": "forbidden",
+                            "message": f"the API key {key.key_id} was revoked",
+                        }
+                    ]
+            # The key opens nothing new either.
+            again = await clients[alice_key.key_id].get("/sandboxes")
+            assert again.status_code == 403
