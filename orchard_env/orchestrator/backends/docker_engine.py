@@ -3,10 +3,12 @@
 Talks to the engine through the ``docker`` SDK (sync, run in threads), so it works with
 Docker and with Podman's Docker-compatible API socket. Per sandbox it makes:
 
-* a container ``orchard-<instance>-<sandbox_id>`` labelled with the instance, sandbox id,
-  owner, the orchestrator's record and the user's labels (``orchard.label.<key>``), whose
-  entrypoint is the agent from the relocatable bundle (mounted read-only), so any image
-  works, even one without a shell or Python;
+* a container ``orchard-<instance>-<sandbox_id>`` labelled with the instance, the state
+  dir's id (:func:`~orchard_env.config.state_id`: only containers carrying this service's
+  own are listed, so adopted or removed), sandbox id, owner, the orchestrator's record and
+  the user's labels (``orchard.label.<key>``), whose entrypoint is the agent from the
+  relocatable bundle (mounted read-only), so any image works, even one without a shell or
+  Python;
 * a host directory ``<sandboxes_dir>/<sandbox_id>/`` mounted at ``/run/orchard``, where the
   agent listens on a unix socket: reachable from the host even with no network at all.
 
@@ -53,7 +55,7 @@ from orchard_env.agent.bundle import (
     launch_argv,
     launch_env,
 )
-from orchard_env.config import ServiceSettings
+from orchard_env.config import ServiceSettings, state_id
 from orchard_env.orchestrator.backends.base import (
     AgentEndpoint,
     BackendSandbox,
@@ -68,6 +70,7 @@ from orchard_env.protocol import check_sandbox_id
 
 LABEL_CREATED_BY = "orchard.created-by"
 LABEL_INSTANCE = "orchard.instance"
+LABEL_STATE_ID = "orchard.state-id"
 LABEL_SANDBOX_ID = "orchard.sandbox-id"
 LABEL_OWNER = "orchard.owner"
 LABEL_RECORD = "orchard.record"
@@ -207,6 +210,7 @@ class DockerEngineBackend:
                 hint="instance: letters, digits, '_', '.', '-', starting with a letter or digit",
             )
         self._settings = settings
+        self._state_id = state_id(settings.state_dir)
         self._bundle_dir = bundle_dir.resolve()
         self._pull_stall_timeout = pull_stall_timeout
         if client is None:
@@ -267,6 +271,8 @@ class DockerEngineBackend:
         sandbox_id = labels.get(LABEL_SANDBOX_ID)
         if sandbox_id is None or labels.get(LABEL_INSTANCE) != self._settings.instance:
             return None
+        if labels.get(LABEL_STATE_ID, self._state_id) != self._state_id:
+            return None  # the same instance name, another service's state dir: not ours
         engine_state: dict[str, Any] = attrs.get("State") or {}
         status = str(engine_state.get("Status", "")).lower()
         state = _STATES.get(status, SandboxState.FAILED)
@@ -399,6 +405,7 @@ class DockerEngineBackend:
         labels = {
             LABEL_CREATED_BY: "orchard",
             LABEL_INSTANCE: self._settings.instance,
+            LABEL_STATE_ID: self._state_id,
             LABEL_SANDBOX_ID: spec.sandbox_id,
             **{USER_LABEL_PREFIX + key: value for key, value in spec.labels.items()},
         }
@@ -470,9 +477,13 @@ class DockerEngineBackend:
 
     def _delete(self, sandbox_id: str) -> None:
         run_dir = self._run_dir(sandbox_id)
+        name = self._container_name(sandbox_id)
         try:
-            # force: the engine kills (SIGKILL) the container before removing it.
-            self._client.api.remove_container(self._container_name(sandbox_id), force=True, v=True)
+            found = self._get(name)
+            # A container of another service's state dir (the same instance name) is never
+            # removed. force: the engine kills (SIGKILL) the container before removing it.
+            if found is not None and self._describe(found) is not None:
+                self._client.api.remove_container(name, force=True, v=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:

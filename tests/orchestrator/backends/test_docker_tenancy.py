@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +21,12 @@ from websockets.asyncio.client import unix_connect
 from websockets.exceptions import ConnectionClosed
 
 from orchard_env.config import ServiceSettings, service_settings
+from orchard_env.errors import ConfigError
+from orchard_env.orchestrator.app import create_app
 from orchard_env.orchestrator.backends.docker_engine import LABEL_INSTANCE, DockerEngineBackend
 from orchard_env.orchestrator.keys import create_key, revoke_key
 from orchard_env.orchestrator.services import Orchard
+from provision.local import LocalProvider
 from tests.orchestrator.backends.test_docker_snapshots import remove_snapshot_images
 from tests.servers import asgi_service
 
@@ -273,3 +277,59 @@ async def test_revoking_a_key_ends_its_open_terminal_and_streamed_execs(
             # The key opens nothing new either.
             again = await clients[alice_key.key_id].get("/sandboxes")
             assert again.status_code == 403
+
+
+@contextlib.asynccontextmanager
+async def running(settings: ServiceSettings) -> AsyncIterator[httpx.AsyncClient]:
+    """The service as `orchard up` runs it (its own backend and lease), with an admin client."""
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        key = await create_key(app.state.orchard.store, "admin", admin=True)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://orchard",
+            headers={"X-API-Key": key.api_key},
+            timeout=120,
+        ) as client:
+            yield client
+
+
+async def test_two_services_on_one_engine_keep_to_their_own_sandboxes(
+    tmp_path_factory: pytest.TempPathFactory,
+    agent_bundle: Path,
+    busybox_image: str,
+    docker_client: docker.DockerClient,
+) -> None:
+    def settings(**overrides: Any) -> ServiceSettings:
+        state = tmp_path_factory.mktemp("two")
+        return service_settings(state_dir=state, agent_bundle_dir=agent_bundle, **overrides)
+
+    first, second = settings(), settings()  # no instance set: each state dir has its own
+    assert first.instance != second.instance
+    same_name = settings(instance=first.instance)  # set explicitly to the first's
+    try:
+        async with running(first) as one:
+            box = await ready(one, busybox_image)
+            async with running(second) as two:
+                assert (await two.get("/sandboxes")).json()["sandboxes"] == []
+                assert await LocalProvider(second)._remove_sandboxes() == 0
+            with pytest.raises(ConfigError) as refused:
+                async with running(same_name):
+                    pass
+            assert refused.value.message == (
+                f"instance {first.instance!r} is already served by another Orchard service on "
+                f"this machine (state dir {first.state_dir}, pid {os.getpid()}, port "
+                f"{first.port}); a second one would adopt and remove its sandboxes"
+            )
+            assert (await run(one, box["sandbox_id"], "echo alive"))["stdout"] == "alive\n"
+        # The first is stopped (its sandbox runs on): the same name from another state dir
+        # neither adopts nor removes it.
+        async with running(same_name) as other:
+            assert (await other.get("/sandboxes")).json()["sandboxes"] == []
+        assert await LocalProvider(same_name)._remove_sandboxes() == 0
+        container = docker_client.containers.get(f"orchard-{first.instance}-{box['sandbox_id']}")
+        assert container.status == "running"
+        async with running(first) as one:  # and its own service still has it
+            assert (await run(one, box["sandbox_id"], "echo back"))["stdout"] == "back\n"
+    finally:
+        assert await LocalProvider(first)._remove_sandboxes() <= 1
