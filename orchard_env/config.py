@@ -102,6 +102,10 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
     Setting("max_cpu", "16", parse_cpu, "largest CPU a sandbox may ask for"),
     Setting("max_memory", "64Gi", parse_memory, "largest memory a sandbox may ask for"),
     Setting("pids_limit", "4096", _positive_int, "process limit per sandbox"),
+    Setting("max_sandboxes", "1000", _positive_int, "live sandboxes of the whole service"),
+    Setting("key_max_sandboxes", "100", _positive_int, "live sandboxes per non-admin key"),
+    Setting("key_max_cpu", "64", parse_cpu, "CPU cores of a non-admin key's live sandboxes"),
+    Setting("key_max_memory", "256Gi", parse_memory, "memory of a non-admin key's sandboxes"),
     Setting("default_workdir", "/workspace", str, "working directory of a new sandbox"),
     Setting("sandbox_ttl_seconds", "7200", _non_negative_int, "lifetime cap; 0 = none"),
     Setting("idle_timeout_seconds", "1800", _non_negative_int, "idle expiry; 0 = none"),
@@ -297,6 +301,10 @@ class ServiceSettings:
     max_cpu: float
     max_memory: int
     pids_limit: int
+    max_sandboxes: int
+    key_max_sandboxes: int
+    key_max_cpu: float
+    key_max_memory: int
     default_workdir: str
     sandbox_ttl_seconds: int
     idle_timeout_seconds: int

@@ -18,6 +18,7 @@ from orchard_env.protocol import (
     Job,
     JobStatus,
     KeyInfo,
+    KeyQuota,
     SandboxInfo,
     SandboxStatus,
     Snapshot,
@@ -168,6 +169,7 @@ class KeyRecord(BaseModel):
     admin: bool
     created_at: datetime
     revoked_at: datetime | None = None
+    quota: KeyQuota = Field(default_factory=KeyQuota)
 
     def to_info(self) -> KeyInfo:
         return KeyInfo(
@@ -176,6 +178,7 @@ class KeyRecord(BaseModel):
             admin=self.admin,
             created_at=self.created_at,
             revoked_at=self.revoked_at,
+            **self.quota.model_dump(),
         )
 
 

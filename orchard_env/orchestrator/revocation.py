@@ -3,8 +3,8 @@
 A PTY session or a streamed exec is authenticated once, when it opens. :class:`KeySessions`
 keeps an event per open session, by key, and sets it when the key is revoked: at once when
 the revocation goes through this service (``DELETE /keys/{id}``), and within
-:data:`REVOCATION_POLL_SECONDS` when another process writes it to the store (``orchard keys
-revoke --local``). The session then ends with an error naming the revocation.
+:data:`REVOCATION_POLL_SECONDS` when another process writes it to the store (another
+orchestrator on the same database). The session then ends with an error naming the revocation.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from orchard_env.orchestrator.records import (
     SnapshotRecord,
     UsageRow,
 )
-from orchard_env.protocol import ExecRequest, JobStatus, SandboxStatus
+from orchard_env.protocol import ExecRequest, JobStatus, KeyQuota, SandboxStatus
 
 T = TypeVar("T")
 
@@ -242,6 +242,10 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX jobs_status ON jobs(status);
     CREATE INDEX jobs_id ON jobs(job_id);
     """,
+    # 5: per-key quotas (JSON of KeyQuota)
+    """
+    ALTER TABLE api_keys ADD COLUMN quota TEXT NOT NULL DEFAULT '{}';
+    """,
 )
 
 
@@ -321,6 +325,7 @@ def _key_from_row(row: sqlite3.Row) -> KeyRecord:
         admin=bool(row["admin"]),
         created_at=_dt(row["created_at"]),
         revoked_at=_opt_dt(row["revoked_at"]),
+        quota=KeyQuota.model_validate_json(row["quota"]),
     )
 
 
@@ -610,8 +615,9 @@ class SQLiteStore:
 
     def _insert_key(self, record: KeyRecord) -> bool:
         cursor = self._db.execute(
-            "INSERT OR IGNORE INTO api_keys (key_id, name, sha256, admin, created_at, revoked_at) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT OR IGNORE INTO api_keys "
+            "(key_id, name, sha256, admin, created_at, revoked_at, quota) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 record.key_id,
                 record.name,
@@ -619,6 +625,7 @@ class SQLiteStore:
                 int(record.admin),
                 _ts(record.created_at),
                 _opt_ts(record.revoked_at),
+                record.quota.model_dump_json(),
             ),
         )
         return cursor.rowcount == 1

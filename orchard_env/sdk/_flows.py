@@ -626,8 +626,10 @@ def usage(
     return protocol.UsageReport.model_validate(data)
 
 
-def create_key(core: ClientCore, name: str, admin: bool) -> Flow[protocol.KeyCreated]:
-    request = build(protocol.KeyCreateRequest, name=name, admin=admin)
+def create_key(
+    core: ClientCore, name: str, admin: bool, limits: dict[str, Any]
+) -> Flow[protocol.KeyCreated]:
+    request = build(protocol.KeyCreateRequest, name=name, admin=admin, **limits)
     data = yield from call(
         core,
         Send("POST", "/keys", json=request.model_dump(mode="json"), retry=Retry.UNSENT_ONLY),

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from orchard_env.orchestrator import keys
 from orchard_env.orchestrator.api.deps import CallerDep, OrchardDep
-from orchard_env.protocol import KeyCreated, KeyCreateRequest, KeyInfo
+from orchard_env.protocol import KeyCreated, KeyCreateRequest, KeyInfo, KeyQuota
 
 router = APIRouter(tags=["keys"])
 
@@ -16,7 +16,8 @@ async def create_key(
     request: KeyCreateRequest, orchard: OrchardDep, caller: CallerDep
 ) -> KeyCreated:
     caller.require_admin()
-    return await keys.create_key(orchard.store, request.name, admin=request.admin)
+    quota = KeyQuota.model_validate(request.model_dump(include=set(KeyQuota.model_fields)))
+    return await keys.create_key(orchard.store, request.name, admin=request.admin, quota=quota)
 
 
 @router.get("/keys")

@@ -221,6 +221,7 @@ class DockerEngineBackend:
         else:
             self._engine = str(client.api.base_url)
         self._client = client
+        self._host_memory: int | None = None
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -388,6 +389,14 @@ class DockerEngineBackend:
                 f"{len(socket_path)} bytes, over the {MAX_SOCKET_PATH} a unix socket allows",
                 hint=f"use a shorter sandbox id, or a shorter state_dir than "
                 f"{self._settings.state_dir}",
+            )
+        if self._host_memory is None:
+            self._host_memory = int(self._client.info().get("MemTotal") or 0)
+        if self._host_memory and spec.memory_bytes > self._host_memory:
+            raise errors.InvalidRequest(
+                f"memory: {spec.memory_bytes / 2**30:.1f}Gi is more than this machine has "
+                f"({self._host_memory / 2**30:.1f}Gi)",
+                hint="ask for less memory",
             )
         self._ensure_image(spec.image, spec.snapshot_id)
         if self._get(name) is not None:

@@ -262,7 +262,7 @@ async def test_revoking_a_key_ends_its_open_terminal_and_streamed_execs(
                     "type": "error",
                     "message": "the API key of this session was revoked",
                 }
-                # Another process (`orchard keys revoke --local`) writes to the store only.
+                # Another process (an orchestrator on the same database) writes the store.
                 await revoke_key(orchard.store, bob_key.key_id)
                 for key in (alice_key, bob_key):
                     rest = [json.loads(line) async for line in lines[key.key_id]]
@@ -333,3 +333,34 @@ async def test_two_services_on_one_engine_keep_to_their_own_sandboxes(
             assert (await run(one, box["sandbox_id"], "echo back"))["stdout"] == "back\n"
     finally:
         assert await LocalProvider(first)._remove_sandboxes() <= 1
+
+
+async def test_a_key_cannot_flood_the_engine_past_its_quota(
+    deploy: Callable[[str], Any], busybox_image: str, docker_client: docker.DockerClient
+) -> None:
+    async with deploy("q") as service:
+        created = await service.admin.post("/keys", json={"name": "fuzzer", "max_sandboxes": 2})
+        fuzzer = httpx.AsyncClient(
+            transport=service.transport,
+            base_url="http://orchard",
+            headers={"X-API-Key": created.json()["api_key"]},
+            timeout=120,
+        )
+        body = {"image": busybox_image, "cpu": 0.1, "memory": "64Mi"}
+        answers = await asyncio.gather(*(fuzzer.post("/sandboxes", json=body) for _ in range(8)))
+        assert sorted(a.status_code for a in answers) == [201] * 2 + [429] * 6
+        containers = docker_client.containers.list(
+            all=True, filters={"label": f"{LABEL_INSTANCE}={service.settings.instance}"}
+        )
+        assert len(containers) == 2
+        # Memory beyond the machine's (within the service's cap) is refused, with its size.
+        host = docker_client.info()["MemTotal"]
+        more = host // 2**30 + 1
+        assert more * 2**30 <= service.settings.max_memory, "a machine this large: raise the cap"
+        huge = await service.admin.post(
+            "/sandboxes", json={"image": busybox_image, "memory": f"{more}Gi"}
+        )
+        assert huge.status_code == 400
+        assert huge.json()["detail"]["message"] == (
+            f"memory: {more:.1f}Gi is more than this machine has ({host / 2**30:.1f}Gi)"
+        )
