@@ -52,10 +52,10 @@ def create_app(
                 await import_key_file(the_store, settings.bootstrap_key_file)
             the_backend = backend
             if the_backend is None:
+                the_backend = make_backend(settings)  # checks the instance name, too
+                stack.push_async_callback(the_backend.close)
                 if settings.backend == "docker":
                     stack.enter_context(instance_lease(settings))
-                the_backend = make_backend(settings)
-                stack.push_async_callback(the_backend.close)
             orchard = Orchard.build(settings, the_store, the_backend, clock)
             stack.push_async_callback(orchard.stop)
             await orchard.start()
