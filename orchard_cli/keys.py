@@ -99,12 +99,18 @@ def list_(
     if json_:
         print_json(keys)
         return
-    table = Table("KEY ID", "NAME", "ADMIN", "CREATED", "REVOKED")
+    table = Table("KEY ID", "NAME", "ADMIN", "QUOTA", "CREATED", "REVOKED")
     for key in keys:
+        limits = [
+            f"{key.max_sandboxes} sandboxes" if key.max_sandboxes else "",
+            f"{key.max_cpu:g} cpu" if key.max_cpu else "",
+            f"{key.max_memory} memory" if key.max_memory else "",
+        ]
         table.add_row(
             key.key_id,
             key.name,
             "yes" if key.admin else "",
+            ", ".join(limit for limit in limits if limit) or "service default",
             key.created_at.strftime("%Y-%m-%d %H:%M"),
             key.revoked_at.strftime("%Y-%m-%d %H:%M") if key.revoked_at else "",
         )
