@@ -127,10 +127,9 @@ def test_unknown_target_is_refused(tmp_path: Path) -> None:
 
 def test_keys_create_local_with_a_quota(isolated: Path, tmp_path: Path) -> None:
     state = str(tmp_path / "state")
+    quota = ["--max-sandboxes", "2", "--max-cpu", "1.5", "--max-memory", "8Gi"]
     created = runner.invoke(
-        app,
-        ["keys", "create", "tenant", "--local", "--state-dir", state, "--max-sandboxes", "2"]
-        + ["--max-cpu", "1.5", "--max-memory", "8Gi", "--json"],
+        app, ["keys", "create", "tenant", "--local", "--state-dir", state, *quota, "--json"]
     )
     assert created.exit_code == 0, created.output
     shown = json.loads(created.stdout)
