@@ -59,22 +59,24 @@ async def _until(events: AsyncIterator[ExecEvent], stop: asyncio.Event) -> Async
     """``events`` until they end or ``stop`` is set, whichever comes first."""
     iterator = aiter(events)
     stopped = asyncio.ensure_future(stop.wait())
+    following: asyncio.Future[ExecEvent] | None = None
     try:
         while not stop.is_set():
             following = asyncio.ensure_future(anext(iterator))
             await asyncio.wait((following, stopped), return_when=asyncio.FIRST_COMPLETED)
             if not following.done():
-                following.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await following
                 return
             try:
                 event = following.result()
             except StopAsyncIteration:
                 return
             yield event
-    finally:
+    finally:  # stopped, or the client went away: nothing is left waiting on the job
         stopped.cancel()
+        if following is not None and not following.done():
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await following
 
 
 @router.get("/sandboxes/{sandbox_id}/jobs")
