@@ -21,7 +21,7 @@ from typing import Any
 import tomli_w
 
 from orchard_env.errors import ConfigError
-from orchard_env.protocol import parse_cpu, parse_memory
+from orchard_env.protocol import parse_memory, sandbox_cpu, sandbox_memory
 
 
 def config_dir() -> Path:
@@ -90,10 +90,10 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
     Setting("docker_host", None, str, "engine socket URL; default: DOCKER_HOST, then the usual"),
     Setting("instance", "default", str, "name of this orchestrator; labels its sandboxes"),
     Setting("require_api_key", "true", _bool, "reject requests without a valid X-API-Key"),
-    Setting("default_cpu", "1", parse_cpu, "CPU cores of a sandbox that asks for none"),
-    Setting("default_memory", "2Gi", parse_memory, "memory of a sandbox that asks for none"),
-    Setting("max_cpu", "16", parse_cpu, "largest CPU a sandbox may ask for"),
-    Setting("max_memory", "64Gi", parse_memory, "largest memory a sandbox may ask for"),
+    Setting("default_cpu", "1", sandbox_cpu, "CPU cores of a sandbox that asks for none"),
+    Setting("default_memory", "2Gi", sandbox_memory, "memory of a sandbox that asks for none"),
+    Setting("max_cpu", "16", sandbox_cpu, "largest CPU a sandbox may ask for"),
+    Setting("max_memory", "64Gi", sandbox_memory, "largest memory a sandbox may ask for"),
     Setting("pids_limit", "4096", _positive_int, "process limit per sandbox"),
     Setting("default_workdir", "/workspace", str, "working directory of a new sandbox"),
     Setting("sandbox_ttl_seconds", "7200", _non_negative_int, "lifetime cap; 0 = none"),

@@ -867,7 +867,9 @@ class Agent:
     def resolve(self, raw: str) -> str:
         if "\0" in raw:
             raise invalid("path contains a NUL byte")
-        return os.path.normpath(os.path.join(self.workdir, raw))
+        # normpath keeps a leading "//" (POSIX leaves its meaning open); "//" is "/" here.
+        path = os.path.normpath(os.path.join(self.workdir, raw))
+        return "/" + path.lstrip("/") if path.startswith("//") else path
 
     def job(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)

@@ -6,7 +6,6 @@ Relative paths are resolved by the agent against the sandbox's working directory
 from __future__ import annotations
 
 import base64
-import binascii
 import uuid
 from collections.abc import AsyncIterator
 
@@ -46,7 +45,7 @@ class FileService:
     async def upload(self, sandbox_id: str, upload: FileUpload, caller: Caller) -> FileUploadResult:
         try:
             data = base64.b64decode(upload.content, validate=True)
-        except binascii.Error as exc:
+        except ValueError as exc:  # binascii.Error, or a character that is not ASCII
             raise InvalidRequest(f"content is not valid base64: {exc}") from exc
         _, agent = await self._agent(sandbox_id, caller)
         size = await agent.write_file(upload.path, data, upload.mode)

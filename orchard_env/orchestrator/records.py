@@ -36,6 +36,18 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+LATEST = datetime.max.replace(tzinfo=UTC)
+
+
+def later(start: datetime, seconds: float) -> datetime:
+    """``start + seconds``, saturating at the end of time: a stored record with an absurd
+    duration (written before the API bounded them) reads as "never" instead of raising."""
+    try:
+        return start + timedelta(seconds=seconds)
+    except OverflowError:
+        return LATEST
+
+
 class SandboxRecord(BaseModel):
     sandbox_id: str
     image: str
@@ -75,13 +87,19 @@ class SandboxRecord(BaseModel):
         """When the reaper will remove it: the earlier of its TTL and its idle expiry."""
         candidates = []
         if self.ttl_seconds:
-            candidates.append(self.created_at + timedelta(seconds=self.ttl_seconds))
+            candidates.append(self.ttl_deadline())
         if self.idle_timeout_seconds:
-            candidates.append(self.last_activity_at + timedelta(seconds=self.idle_timeout_seconds))
+            candidates.append(self.idle_deadline())
         return min(candidates) if candidates else None
 
+    def ttl_deadline(self) -> datetime:
+        return later(self.created_at, self.ttl_seconds)
+
+    def idle_deadline(self) -> datetime:
+        return later(self.last_activity_at, self.idle_timeout_seconds)
+
     def ready_deadline(self) -> datetime:
-        return self.created_at + timedelta(seconds=self.ready_timeout_seconds)
+        return later(self.created_at, self.ready_timeout_seconds)
 
     def usage_row(self, started_at: datetime) -> UsageRow:
         return UsageRow(
@@ -220,7 +238,7 @@ class SnapshotRecord(BaseModel):
         return self.deleted_at is not None
 
     def expires_at(self) -> datetime | None:
-        return self.created_at + timedelta(seconds=self.ttl_seconds) if self.ttl_seconds else None
+        return later(self.created_at, self.ttl_seconds) if self.ttl_seconds else None
 
     def to_wire(self) -> Snapshot:
         return Snapshot(

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "X-Request-ID"
 RETRY_AFTER_SECONDS = "5"
 _CLIENT_ID_RE = re.compile(r"^[\w.:-]{1,128}$")
+_LOCATIONS = ("body", "query", "path", "header", "cookie")
 
 
 def error_response(error: OrchardError) -> JSONResponse:
@@ -40,8 +41,12 @@ def error_response(error: OrchardError) -> JSONResponse:
 def validation_message(errors: list[Any]) -> str:
     parts = []
     for error in errors:
-        loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        loc = [str(p) for p in error.get("loc", ())]
+        if loc and loc[0] in _LOCATIONS:  # where the field was, not a field (one may be "path")
+            loc = loc[1:]
         message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        if error.get("type") == "string_unicode":
+            message = "not valid Unicode text (a lone surrogate such as \\ud800)"
         if error.get("type") == "json_invalid":
             parts.append(f"the request body is not valid JSON: {message}")
         else:

@@ -6,10 +6,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
+from pydantic import AfterValidator
 
 from orchard_env.errors import InvalidRequest
 from orchard_env.orchestrator.api.deps import CallerDep, OrchardDep
 from orchard_env.protocol import (
+    MAX_PATH_LENGTH,
     FileContent,
     FileDeleteResult,
     FileList,
@@ -19,11 +21,20 @@ from orchard_env.protocol import (
     MkdirResult,
     PatchRequest,
     PatchResult,
+    check_path,
 )
 
 router = APIRouter(tags=["files"])
 
-PathQuery = Annotated[str, Query(min_length=1, description="absolute, or relative to the workdir")]
+PathQuery = Annotated[
+    str,
+    Query(
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="absolute, or relative to the workdir; no NUL",
+    ),
+    AfterValidator(check_path),
+]
 
 
 def parse_mode(value: str | None) -> int | None:
@@ -75,7 +86,11 @@ async def list_files(
     sandbox_id: str,
     orchard: OrchardDep,
     caller: CallerDep,
-    path: Annotated[str | None, Query(description="default: the sandbox's workdir")] = None,
+    path: Annotated[
+        str | None,
+        Query(max_length=MAX_PATH_LENGTH, description="default: the sandbox's workdir"),
+        AfterValidator(lambda v: None if v is None else check_path(v)),
+    ] = None,
 ) -> FileList:
     return await orchard.files.list(sandbox_id, path, caller)
 
