@@ -101,6 +101,12 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
     Setting("ready_timeout_seconds", "120", _positive_int, "how long a create may take"),
     Setting("reap_interval_seconds", "15", _positive_int, "how often the reaper runs"),
     Setting("max_output_bytes", str(16 * 1024 * 1024), _positive_int, "exec output cap"),
+    Setting(
+        "max_body_bytes",
+        str(32 * 1024 * 1024),
+        _positive_int,
+        "largest JSON request body (413 past it); raw file uploads are streamed, not capped",
+    ),
     Setting("job_retention_seconds", "86400", _positive_int, "how long finished jobs stay"),
     Setting(
         "snapshot_ttl_seconds",
@@ -259,6 +265,7 @@ class ServiceSettings:
     ready_timeout_seconds: int
     reap_interval_seconds: int
     max_output_bytes: int
+    max_body_bytes: int
     job_retention_seconds: int
     snapshot_ttl_seconds: int
     agent_bundle_dir: Path | None

@@ -3,16 +3,19 @@ a bad record in the store cannot break listing or the reaper for everyone else."
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import os
 import sqlite3
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from orchard_env.orchestrator.records import SandboxRecord
 from orchard_env.protocol import MAX_TTL_SECONDS
-from tests.orchestrator.conftest import FakeClock, Service
+from tests.orchestrator.conftest import FakeClock, Service, StartService
 
 
 async def post_raw(service: Service, path: str, body: str) -> Any:
@@ -181,3 +184,51 @@ async def test_poisoned_records_break_neither_listing_nor_the_reaper(
     statuses = {info["sandbox_id"]: info["status"] for info in listed.json()["sandboxes"]}
     assert statuses["huge-ttl"] == "failed"  # reconciled: it has no container
     assert statuses["short-lived"] == "deleted"
+
+
+async def test_json_bodies_are_capped_raw_uploads_are_not(start_service: StartService) -> None:
+    service = await start_service(max_body_bytes=4096)
+    sandbox_id = (await service.create())["sandbox_id"]
+    base = f"/sandboxes/{sandbox_id}"
+    content = base64.b64encode(os.urandom(6000)).decode()
+    sized = await service.http.post(f"{base}/files", json={"path": "big", "content": content})
+    assert sized.status_code == 413, sized.text
+    detail = sized.json()["detail"]
+    assert detail["code"] == "payload_too_large"
+    assert "4096 bytes" in detail["message"]
+    assert "files/raw" in detail["hint"]
+
+    async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: counted as it comes
+        yield b'{"path": "big", "content": "'
+        for _ in range(10):
+            yield b"A" * 1000
+        yield b'"}'
+
+    streamed = await service.http.post(
+        f"{base}/files", content=chunked(), headers={"content-type": "application/json"}
+    )
+    assert streamed.status_code == 413, streamed.text
+    assert streamed.json()["detail"]["code"] == "payload_too_large"
+
+    raw = await service.http.put(
+        f"{base}/files/raw", params={"path": "big"}, content=os.urandom(10**5)
+    )
+    assert raw.status_code == 200, raw.text
+    assert raw.json()["size"] == 10**5
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 3, 65537, 300_001])
+async def test_base64_download_is_streamed_and_exact(
+    start_service: StartService, size: int
+) -> None:
+    service = await start_service(max_body_bytes=4096)  # the answer may be larger than a body
+    sandbox_id = (await service.create())["sandbox_id"]
+    data = os.urandom(size)
+    await service.http.put(f"/sandboxes/{sandbox_id}/files/raw", params={"path": "f"}, content=data)
+    response = await service.http.get(f"/sandboxes/{sandbox_id}/files", params={"path": "f"})
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert body == {"path": "f", "content": base64.b64encode(data).decode(), "size": size}
+    missing = await service.http.get(f"/sandboxes/{sandbox_id}/files", params={"path": "nope"})
+    assert missing.status_code == 404

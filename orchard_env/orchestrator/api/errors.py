@@ -64,9 +64,20 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(InvalidRequest(validation_message(list(exc.errors()))))
 
 
+class ErrorAsHTTP(HTTPException):
+    """An :class:`OrchardError` raised where FastAPI lets only HTTP exceptions through (while
+    it reads a request body); answered as the error itself."""
+
+    def __init__(self, error: OrchardError) -> None:
+        super().__init__(error.http_status, error.message)
+        self.error = error
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     error: OrchardError
+    if isinstance(exc, ErrorAsHTTP):
+        return error_response(exc.error)
     if exc.status_code == 404:
         error = NotFound(f"no route {request.method} {request.url.path}")
     elif exc.status_code == 405:
