@@ -371,6 +371,7 @@ class SandboxInfo(BaseModel):
     block_network: bool
     cpu: str
     memory: str
+    disk: str | None = None
     created_at: Timestamp
     ready: bool
     status: SandboxStatus

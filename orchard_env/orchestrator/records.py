@@ -53,6 +53,7 @@ class SandboxRecord(BaseModel):
     image: str
     cpu: float
     memory_bytes: int
+    disk_bytes: int | None = None  # None: the backend's default
     block_network: bool = True
     workdir: str = "/workspace"
     env: dict[str, str] = Field(default_factory=dict)
@@ -121,6 +122,7 @@ class SandboxRecord(BaseModel):
             block_network=self.block_network,
             cpu=f"{self.cpu:g}",
             memory=format_memory(self.memory_bytes),
+            disk=None if self.disk_bytes is None else format_memory(self.disk_bytes),
             created_at=self.created_at,
             ready=self.status == SandboxStatus.READY,
             status=self.status,
@@ -223,6 +225,7 @@ class SnapshotRecord(BaseModel):
     # what a sandbox restored from it gets: the source sandbox's
     cpu: float
     memory_bytes: int
+    disk_bytes: int | None = None
     block_network: bool
     workdir: str
     env: dict[str, str] = Field(default_factory=dict)

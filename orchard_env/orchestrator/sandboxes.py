@@ -182,7 +182,7 @@ class SandboxService:
 
     # --- create ------------------------------------------------------------------------------
 
-    def _size(self, request: CreateSandboxRequest) -> tuple[float, int]:
+    def _size(self, request: CreateSandboxRequest) -> tuple[float, int, int | None]:
         cpu = self.settings.default_cpu if request.cpu is None else sandbox_cpu(request.cpu)
         memory = (
             self.settings.default_memory
@@ -200,7 +200,14 @@ class SandboxService:
                 f"{format_memory(self.settings.max_memory)}",
                 hint="ask for less, or raise the cap with ORCHARD_MAX_MEMORY",
             )
-        return cpu, memory
+        disk = None if request.disk is None else sandbox_memory(request.disk, "disk")
+        if disk is not None and disk > self.settings.ephemeral_storage:
+            raise LimitExceeded(
+                f"disk {request.disk} is above this service's cap of "
+                f"{format_memory(self.settings.ephemeral_storage)}",
+                hint="ask for less, or raise the cap with ORCHARD_EPHEMERAL_STORAGE",
+            )
+        return cpu, memory, disk
 
     async def create(
         self,
@@ -211,7 +218,7 @@ class SandboxService:
     ) -> SandboxInfo:
         """Start a sandbox (``source_snapshot``: restored from that snapshot, whose image
         ``request.image`` names); readiness follows in the background."""
-        cpu, memory = self._size(request)
+        cpu, memory, disk = self._size(request)
         sandbox_id = request.sandbox_id or new_sandbox_id()
         now = self.clock()
         record = SandboxRecord(
@@ -219,6 +226,7 @@ class SandboxService:
             image=request.image,
             cpu=cpu,
             memory_bytes=memory,
+            disk_bytes=disk,
             block_network=request.block_network,
             workdir=request.workdir or self.settings.default_workdir,
             env=request.env,
@@ -262,6 +270,7 @@ class SandboxService:
             image=record.image,
             cpu=record.cpu,
             memory_bytes=record.memory_bytes,
+            disk_bytes=record.disk_bytes,
             block_network=record.block_network,
             workdir=record.workdir,
             agent_token=secrets.token_urlsafe(32),

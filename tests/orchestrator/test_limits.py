@@ -16,6 +16,7 @@ import pytest
 from orchard_env.orchestrator.records import SandboxRecord
 from orchard_env.protocol import MAX_TTL_SECONDS
 from tests.orchestrator.conftest import FakeClock, Service, StartService
+from tests.orchestrator.fakes import AgentProcessBackend
 
 
 async def post_raw(service: Service, path: str, body: str) -> Any:
@@ -232,3 +233,19 @@ async def test_base64_download_is_streamed_and_exact(
     assert body == {"path": "f", "content": base64.b64encode(data).decode(), "size": size}
     missing = await service.http.get(f"/sandboxes/{sandbox_id}/files", params={"path": "nope"})
     assert missing.status_code == 404
+
+
+async def test_disk_is_passed_to_the_backend_capped_and_kept_by_restore(
+    service: Service, backend: AgentProcessBackend
+) -> None:
+    info = await service.create(sandbox_id="disky", disk="1Gi")
+    assert info["disk"] == "1Gi"
+    assert backend.sandboxes["disky"].spec.disk_bytes == 1024**3
+    over = await service.http.post("/sandboxes", json={"image": "debian:12", "disk": "11Gi"})
+    assert over.status_code == 422, over.text
+    assert "ORCHARD_EPHEMERAL_STORAGE" in over.json()["detail"]["hint"]
+    snapshot = (await service.http.post("/sandboxes/disky/snapshot")).json()
+    restored = await service.http.post(f"/snapshots/{snapshot['snapshot_id']}/restore")
+    assert restored.status_code == 201, restored.text
+    assert restored.json()["disk"] == "1Gi"
+    assert (await service.http.get("/sandboxes")).status_code == 200
