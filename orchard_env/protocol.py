@@ -273,18 +273,49 @@ Memory = Annotated[
     str | int,
     Field(description='bytes, or a quantity: "512Mi", "8Gi", "8G" (8e9 bytes); at least 32Mi'),
 ]
+# Constraints the validators enforce (with their own messages), stated in the JSON schema too
+# so generated clients and fuzzers see them.
+_NO_NUL = r"^[^\x00]*$"
+Text = Annotated[str, Field(max_length=MAX_TEXT_LENGTH, json_schema_extra={"pattern": _NO_NUL})]
 Env = Annotated[
     dict[str, str],
     Field(
         max_length=MAX_ENV_ENTRIES,
         description="names non-empty, without '='; no NUL anywhere",
+        json_schema_extra={
+            "propertyNames": {"pattern": r"^[^=\x00]+$"},
+            "additionalProperties": {
+                "type": "string",
+                "maxLength": MAX_TEXT_LENGTH,
+                "pattern": _NO_NUL,
+            },
+        },
     ),
 ]
-Labels = Annotated[dict[str, str], Field(max_length=MAX_LABELS)]
-AbsolutePath = Annotated[str, Field(min_length=1, max_length=MAX_PATH_LENGTH, pattern=r"^/")]
-SandboxPath = Annotated[
-    str, Field(min_length=1, max_length=MAX_PATH_LENGTH, description="absolute, or relative")
+Labels = Annotated[
+    dict[str, str],
+    Field(
+        max_length=MAX_LABELS,
+        json_schema_extra={
+            "propertyNames": {"pattern": LABEL_KEY_RE.pattern},
+            "additionalProperties": {"type": "string", "pattern": LABEL_VALUE_RE.pattern},
+        },
+    ),
 ]
+AbsolutePath = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_PATH_LENGTH, json_schema_extra={"pattern": r"^/[^\x00]*$"}),
+]
+SandboxPath = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="absolute, or relative",
+        json_schema_extra={"pattern": _NO_NUL},
+    ),
+]
+SandboxId = Annotated[str, Field(json_schema_extra={"pattern": SANDBOX_ID_RE.pattern})]
 
 
 class CreateSandboxRequest(RequestModel):
@@ -292,9 +323,9 @@ class CreateSandboxRequest(RequestModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    image: str = Field(max_length=MAX_IMAGE_LENGTH)
+    image: str = Field(max_length=MAX_IMAGE_LENGTH, json_schema_extra={"pattern": IMAGE_RE.pattern})
     block_network: bool = True
-    sandbox_id: str | None = None
+    sandbox_id: SandboxId | None = None
     cpu: Cpu | None = None
     memory: Memory | None = None
     timeout: int | None = Field(default=None, ge=1, le=MAX_READY_TIMEOUT_SECONDS)
@@ -438,8 +469,8 @@ class ExecRequest(RequestModel):
     model_config = ConfigDict(extra="forbid")
 
     command: (
-        Annotated[str, Field(max_length=MAX_TEXT_LENGTH)]
-        | Annotated[list[str], Field(max_length=MAX_ARGV_ITEMS)]
+        Text
+        | Annotated[list[Text], Field(max_length=MAX_ARGV_ITEMS, json_schema_extra={"minItems": 1})]
     )
     timeout_seconds: int = Field(
         default=300,
@@ -522,7 +553,10 @@ class FileUpload(RequestModel):
     """``POST /sandboxes/{id}/files``: upstream's base64 upload."""
 
     path: SandboxPath
-    content: str = Field(description="base64; the whole body is capped (413 past the cap)")
+    content: str = Field(
+        description="base64; the whole body is capped (413 past the cap)",
+        json_schema_extra={"format": "byte"},
+    )
     mode: int | None = Field(default=None, ge=0, le=0o7777)
 
     @field_validator("path")
@@ -691,7 +725,7 @@ class Health(BaseModel):
 
 class PtyInit(RequestModel):
     type: Literal["init"] = "init"
-    cmd: list[Annotated[str, Field(max_length=MAX_TEXT_LENGTH)]] = Field(
+    cmd: list[Text] = Field(
         default_factory=lambda: ["/bin/sh"], min_length=1, max_length=MAX_ARGV_ITEMS
     )
     env: Env = Field(default_factory=dict)
@@ -798,7 +832,7 @@ class RestoreRequest(RequestModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sandbox_id: str | None = None
+    sandbox_id: SandboxId | None = None
     labels: Labels = Field(default_factory=dict)
     env: Env = Field(default_factory=dict)
     timeout: int | None = Field(default=None, ge=1, le=MAX_READY_TIMEOUT_SECONDS)
@@ -830,7 +864,7 @@ class ForkRequest(RequestModel):
 
     count: int = Field(ge=1, le=MAX_FORK_COUNT)
     labels: Labels = Field(default_factory=dict)
-    sandbox_ids: list[str] | None = Field(default=None, max_length=MAX_FORK_COUNT)
+    sandbox_ids: list[SandboxId] | None = Field(default=None, max_length=MAX_FORK_COUNT)
 
     @field_validator("labels")
     @classmethod

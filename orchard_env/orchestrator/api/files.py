@@ -115,7 +115,10 @@ async def upload_raw(
     request: Request,
     orchard: OrchardDep,
     caller: CallerDep,
-    mode: Annotated[str | None, Query(description="octal, e.g. 0644")] = None,
+    mode: Annotated[
+        str | None,
+        Query(description="octal, e.g. 0644", json_schema_extra={"pattern": "^0*[0-7]{1,4}$"}),
+    ] = None,
 ) -> FileUploadResult:
     return await orchard.files.upload_raw(
         sandbox_id, path, request.stream(), parse_mode(mode), caller
