@@ -277,6 +277,13 @@ Memory = Annotated[
 # so generated clients and fuzzers see them.
 _NO_NUL = r"^[^\x00]*$"
 Text = Annotated[str, Field(max_length=MAX_TEXT_LENGTH, json_schema_extra={"pattern": _NO_NUL})]
+Command = Annotated[
+    str,
+    Field(
+        max_length=MAX_TEXT_LENGTH,
+        json_schema_extra={"pattern": r"^[^\x00]*[^\s\x00][^\x00]*$"},  # not blank, no NUL
+    ),
+]
 Env = Annotated[
     dict[str, str],
     Field(
@@ -469,7 +476,7 @@ class ExecRequest(RequestModel):
     model_config = ConfigDict(extra="forbid")
 
     command: (
-        Text
+        Command
         | Annotated[list[Text], Field(max_length=MAX_ARGV_ITEMS, json_schema_extra={"minItems": 1})]
     )
     timeout_seconds: int = Field(

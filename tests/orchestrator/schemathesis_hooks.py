@@ -22,7 +22,9 @@ FORKS = 2
 
 
 def _valid_int(value: Any, top: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= top
+    """A whole number the service accepts (JSON's ``57.0`` included)."""
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    return whole and not isinstance(value, bool) and 1 <= value <= top
 
 
 @schemathesis.hook
@@ -34,8 +36,8 @@ def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
     if isinstance(image, str) and len(image) <= MAX_IMAGE_LENGTH and IMAGE_RE.match(image):
         body["image"] = LOCAL_IMAGE
     if _valid_int(body.get("ttl_seconds"), MAX_TTL_SECONDS):
-        body["ttl_seconds"] = min(body["ttl_seconds"], TTL_SECONDS)
+        body["ttl_seconds"] = min(int(body["ttl_seconds"]), TTL_SECONDS)
     if case.operation.path.endswith("/fork") and _valid_int(body.get("count"), 64):
-        body["count"] = min(body["count"], FORKS)
+        body["count"] = min(int(body["count"]), FORKS)
         if isinstance(body.get("sandbox_ids"), list):
             body["sandbox_ids"] = body["sandbox_ids"][: body["count"]]

@@ -56,8 +56,12 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path) -> None:
                 "--report=junit",
                 f"--report-dir={tmp_path / 'report'}",
             ],
-            cwd=REPO,
-            env={**os.environ, "SCHEMATHESIS_HOOKS": "tests.orchestrator.schemathesis_hooks"},
+            cwd=tmp_path,  # its cache (.schemathesis/) goes there, not into the tree
+            env={
+                **os.environ,
+                "PYTHONPATH": str(REPO),
+                "SCHEMATHESIS_HOOKS": "tests.orchestrator.schemathesis_hooks",
+            },
             capture_output=True,
             text=True,
             timeout=BUDGET_SECONDS + 60,

@@ -32,6 +32,7 @@ PathQuery = Annotated[
         min_length=1,
         max_length=MAX_PATH_LENGTH,
         description="absolute, or relative to the workdir; no NUL",
+        json_schema_extra={"pattern": r"^[^\x00]+$"},
     ),
     AfterValidator(check_path),
 ]
