@@ -15,7 +15,15 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationInfo,
+    field_validator,
+)
 
 # --- validation helpers ------------------------------------------------------------------
 
@@ -171,7 +179,7 @@ def check_no_nul(value: str, what: str) -> str:
     return value
 
 
-def check_path(value: str, what: str = "path") -> str:
+def check_path(value: str, what: str = "the path") -> str:
     if len(value) > MAX_PATH_LENGTH:
         raise ValueError(f"{what} is {len(value)} characters, over the {MAX_PATH_LENGTH} allowed")
     return check_no_nul(value, what)
@@ -298,6 +306,7 @@ Env = Annotated[
             },
         },
     ),
+    AfterValidator(check_env),
 ]
 Labels = Annotated[
     dict[str, str],
@@ -308,10 +317,12 @@ Labels = Annotated[
             "additionalProperties": {"type": "string", "pattern": LABEL_VALUE_RE.pattern},
         },
     ),
+    AfterValidator(check_labels),
 ]
 AbsolutePath = Annotated[
     str,
     Field(min_length=1, max_length=MAX_PATH_LENGTH, json_schema_extra={"pattern": r"^/[^\x00]*$"}),
+    AfterValidator(check_path),
 ]
 SandboxPath = Annotated[
     str,
@@ -321,6 +332,7 @@ SandboxPath = Annotated[
         description="absolute, or relative",
         json_schema_extra={"pattern": _NO_NUL},
     ),
+    AfterValidator(check_path),
 ]
 SandboxId = Annotated[str, Field(json_schema_extra={"pattern": SANDBOX_ID_RE.pattern})]
 
@@ -372,27 +384,12 @@ class CreateSandboxRequest(RequestModel):
             sandbox_memory(v, info.field_name or "memory")
         return v
 
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_labels(v)
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_env(v)
-
     @field_validator("workdir", mode="before")
     @classmethod
     def _workdir(cls, v: Any) -> Any:
         if isinstance(v, str) and not v.startswith("/"):
             raise ValueError(f"workdir {v!r} must be an absolute path")
         return v
-
-    @field_validator("workdir")
-    @classmethod
-    def _workdir_text(cls, v: str | None) -> str | None:
-        return None if v is None else check_path(v, "workdir")
 
 
 class SandboxInfo(BaseModel):
@@ -503,16 +500,6 @@ class ExecRequest(RequestModel):
             check_no_nul(part, "command")
         return v
 
-    @field_validator("cwd")
-    @classmethod
-    def _cwd(cls, v: str | None) -> str | None:
-        return None if v is None else check_path(v, "cwd")
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_env(v)
-
     _nulls = field_validator("timeout_seconds", "env", mode="before")(null_is_default)
 
 
@@ -566,11 +553,6 @@ class FileUpload(RequestModel):
     )
     mode: int | None = Field(default=None, ge=0, le=0o7777)
 
-    @field_validator("path")
-    @classmethod
-    def _path(cls, v: str) -> str:
-        return check_path(v)
-
 
 class FileUploadResult(BaseModel):
     success: bool = True
@@ -605,11 +587,6 @@ class MkdirRequest(RequestModel):
     path: SandboxPath
     parents: bool = True
 
-    @field_validator("path")
-    @classmethod
-    def _path(cls, v: str) -> str:
-        return check_path(v)
-
 
 class MkdirResult(BaseModel):
     """``POST /sandboxes/{id}/files/mkdir``."""
@@ -634,11 +611,6 @@ class PatchRequest(RequestModel):
     check: bool = False
     three_way: bool = False
     reverse: bool = False
-
-    @field_validator("cwd")
-    @classmethod
-    def _cwd(cls, v: str | None) -> str | None:
-        return None if v is None else check_path(v, "cwd")
 
 
 class PatchResult(BaseModel):
@@ -750,16 +722,6 @@ class PtyInit(RequestModel):
             check_no_nul(part, "cmd")
         return v
 
-    @field_validator("cwd")
-    @classmethod
-    def _cwd(cls, v: str | None) -> str | None:
-        return None if v is None else check_path(v, "cwd")
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_env(v)
-
 
 PTY_CLIENT_TYPES = ("init", "stdin", "signal", "resize", "close")
 PTY_SERVER_TYPES = ("ready", "stdout", "exit", "error")
@@ -784,11 +746,6 @@ class SnapshotRequest(RequestModel):
         le=MAX_SNAPSHOT_TTL_SECONDS,
         description="delete it this long after it was taken; none: keep",
     )
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_labels(v)
 
 
 class Snapshot(BaseModel):
@@ -851,16 +808,6 @@ class RestoreRequest(RequestModel):
     def _sandbox_id(cls, v: str | None) -> str | None:
         return None if v is None else check_sandbox_id(v)
 
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_labels(v)
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_env(v)
-
 
 class ForkRequest(RequestModel):
     """``POST /sandboxes/{id}/fork``: snapshot a sandbox and restore it ``count`` times,
@@ -872,11 +819,6 @@ class ForkRequest(RequestModel):
     count: int = Field(ge=1, le=MAX_FORK_COUNT)
     labels: Labels = Field(default_factory=dict)
     sandbox_ids: list[SandboxId] | None = Field(default=None, max_length=MAX_FORK_COUNT)
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_labels(v)
 
     @field_validator("sandbox_ids")
     @classmethod
