@@ -230,6 +230,26 @@ class RequestModel(BaseModel):
         return value
 
 
+_LOCATIONS = ("body", "query", "path", "header", "cookie")
+
+
+def validation_message(errors: list[Any]) -> str:
+    """Pydantic's errors as one line naming each field (request validation's 400)."""
+    parts = []
+    for error in errors:
+        loc = [str(p) for p in error.get("loc", ())]
+        if loc and loc[0] in _LOCATIONS:  # where the field was, not a field (one may be "path")
+            loc = loc[1:]
+        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        if error.get("type") == "string_unicode":
+            message = "not valid Unicode text (a lone surrogate such as \\ud800)"
+        if error.get("type") == "json_invalid":
+            parts.append(f"the request body is not valid JSON: {message}")
+        else:
+            parts.append(f"{'.'.join(loc)}: {message}" if loc else message)
+    return "; ".join(parts) or "invalid request"
+
+
 def null_is_default(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
     """A ``before`` field validator: an explicit JSON ``null`` takes the field's default.
 

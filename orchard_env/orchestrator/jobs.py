@@ -201,7 +201,7 @@ class JobService:
             return self._existing(stored, sandbox_id, caller, request)
         self._start(stored, attach=False)
         await self.sandboxes.touch(sandbox.sandbox_id)
-        log.info("job submitted", extra={"job_id": stored.job_id, "sandbox_id": sandbox_id})
+        log.debug("job submitted", extra={"job_id": stored.job_id, "sandbox_id": sandbox_id})
         return stored
 
     def _existing(
@@ -302,6 +302,8 @@ class JobService:
     def _start(self, record: JobRecord, *, attach: bool) -> JobRun:
         run = JobRun(record, self._max_output(record.request))
         self._runs[record.job_id] = run
+        # Busy from the moment it is accepted (queued included), not only once its task runs.
+        self.sandboxes.hold(record.sandbox_id)
         run.task = asyncio.create_task(self._run(run, attach), name=f"job-{record.job_id}")
         return run
 
@@ -322,7 +324,7 @@ class JobService:
     async def _run(self, run: JobRun, attach: bool) -> None:
         job_id = run.record.job_id
         try:
-            async with self.slots, self.sandboxes.in_use(run.record.sandbox_id):
+            async with self.slots:
                 sandbox = await self._sandbox_for(run)
                 if sandbox is None:
                     return
@@ -344,6 +346,7 @@ class JobService:
         finally:
             if self._runs.get(job_id) is run and run.done.is_set():
                 del self._runs[job_id]
+            await self.sandboxes.release(run.record.sandbox_id)
 
     async def _sandbox_for(self, run: JobRun) -> SandboxRecord | None:
         """The job's sandbox if it can run commands; otherwise the job is failed (None)."""
@@ -483,7 +486,7 @@ class JobService:
         )
         await self.store.put_job(record)
         run.finish(record)
-        log.info(
+        log.debug(
             "job finished",
             extra={"job_id": record.job_id, "status": status.value, "exit_code": record.exit_code},
         )

@@ -441,17 +441,26 @@ class SandboxService:
         record = await self.touch(sandbox_id, force=True) or record
         return HeartbeatResponse(sandbox_id=sandbox_id, expires_at=record.expires_at())
 
+    def hold(self, sandbox_id: str) -> None:
+        """Mark a sandbox busy (a command or a terminal runs, or is about to): idle expiry
+        skips it until :meth:`release`."""
+        self._in_use[sandbox_id] += 1
+
+    async def release(self, sandbox_id: str) -> None:
+        """End one :meth:`hold`; the idle clock restarts now."""
+        self._in_use[sandbox_id] -= 1
+        if self._in_use[sandbox_id] <= 0:
+            del self._in_use[sandbox_id]
+        await self.touch(sandbox_id, force=True)
+
     @contextlib.asynccontextmanager
     async def in_use(self, sandbox_id: str) -> AsyncIterator[None]:
-        """Mark a sandbox busy (a command or a terminal runs): idle expiry skips it."""
-        self._in_use[sandbox_id] += 1
+        """:meth:`hold` for the duration of a block."""
+        self.hold(sandbox_id)
         try:
             yield
         finally:
-            self._in_use[sandbox_id] -= 1
-            if self._in_use[sandbox_id] <= 0:
-                del self._in_use[sandbox_id]
-            await self.touch(sandbox_id, force=True)
+            await self.release(sandbox_id)
 
     def busy(self, sandbox_id: str) -> bool:
         """A command or terminal runs in it right now."""

@@ -34,7 +34,6 @@ from orchard_env.errors import (
     SandboxNotReady,
     SnapshotNotFound,
 )
-from orchard_env.orchestrator.api.errors import validation_message
 from orchard_env.orchestrator.auth import Caller
 from orchard_env.orchestrator.backends.base import Backend, Capability
 from orchard_env.orchestrator.logs import isolated
@@ -53,6 +52,7 @@ from orchard_env.protocol import (
     SnapshotDeleteResult,
     SnapshotList,
     SnapshotRequest,
+    validation_message,
 )
 
 log = logging.getLogger(__name__)

@@ -23,35 +23,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchard_env.errors import InvalidRequest, NotFound, OrchardError, Unavailable
 from orchard_env.orchestrator.logs import request_id_var
-from orchard_env.protocol import ErrorBody
+from orchard_env.protocol import ErrorBody, validation_message
 
 log = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "X-Request-ID"
 RETRY_AFTER_SECONDS = "5"
 _CLIENT_ID_RE = re.compile(r"^[\w.:-]{1,128}$")
-_LOCATIONS = ("body", "query", "path", "header", "cookie")
 
 
 def error_response(error: OrchardError) -> JSONResponse:
     headers = {"Retry-After": RETRY_AFTER_SECONDS} if isinstance(error, Unavailable) else None
     return JSONResponse(error.to_wire(), status_code=error.http_status, headers=headers)
-
-
-def validation_message(errors: list[Any]) -> str:
-    parts = []
-    for error in errors:
-        loc = [str(p) for p in error.get("loc", ())]
-        if loc and loc[0] in _LOCATIONS:  # where the field was, not a field (one may be "path")
-            loc = loc[1:]
-        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
-        if error.get("type") == "string_unicode":
-            message = "not valid Unicode text (a lone surrogate such as \\ud800)"
-        if error.get("type") == "json_invalid":
-            parts.append(f"the request body is not valid JSON: {message}")
-        else:
-            parts.append(f"{'.'.join(loc)}: {message}" if loc else message)
-    return "; ".join(parts) or "invalid request"
 
 
 async def _orchard_error(request: Request, exc: Exception) -> JSONResponse:
