@@ -78,6 +78,14 @@ class LimitExceeded(InvalidRequest):
 
 
 @_register
+class PayloadTooLarge(LimitExceeded):
+    """A request body is larger than the service accepts."""
+
+    code = "payload_too_large"
+    http_status = 413
+
+
+@_register
 class AuthenticationRequired(OrchardError):
     code = "unauthenticated"
     http_status = 401

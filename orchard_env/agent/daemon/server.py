@@ -143,7 +143,9 @@ class Agent:
     def resolve(self, raw: str) -> str:
         if "\0" in raw:
             raise invalid("path contains a NUL byte")
-        return os.path.normpath(os.path.join(self.workdir, raw))
+        # normpath keeps a leading "//" (POSIX leaves its meaning open); "//" is "/" here.
+        path = os.path.normpath(os.path.join(self.workdir, raw))
+        return "/" + path.lstrip("/") if path.startswith("//") else path
 
     def path_arg(self, req: Request) -> str:
         return self.resolve(req.arg("path"))

@@ -55,6 +55,9 @@ class SandboxSpec:
     block_network: bool
     workdir: str
     agent_token: str
+    # What the sandbox may write (None: the backend's default). A backend that cannot enforce
+    # it raises InvalidRequest saying so, never ignores it.
+    disk_bytes: int | None = None
     owner: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # the user's labels

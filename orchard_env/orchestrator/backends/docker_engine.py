@@ -222,6 +222,8 @@ class DockerEngineBackend:
             self._engine = str(client.api.base_url)
         self._client = client
         self._host_memory: int | None = None
+        self._disk_refusal: str | None = None
+        self._disk_checked = False
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -371,6 +373,37 @@ class DockerEngineBackend:
             return "the pull finished but the engine does not list the image"
         return None
 
+    # -- disk -------------------------------------------------------------------------------
+
+    def _disk_limit_refusal(self) -> str | None:
+        """None if the engine's storage can cap a container's writable layer (``--storage-opt
+        size``: overlay on xfs mounted with pquota, btrfs, zfs), else what it runs on."""
+        if not self._disk_checked:
+            info = self._client.info()
+            driver = str(info.get("Driver") or "unknown")
+            status = {str(item[0]): str(item[1]) for item in info.get("DriverStatus") or []}
+            backing = status.get("Backing Filesystem", "an unknown file system")
+            capable = driver in ("btrfs", "zfs") or (
+                driver.startswith("overlay") and backing == "xfs"
+            )
+            self._disk_refusal = None if capable else f"storage driver {driver} on {backing}"
+            self._disk_checked = True
+        return self._disk_refusal
+
+    def _storage_options(self, spec: SandboxSpec) -> dict[str, str] | None:
+        if spec.disk_bytes is None:
+            return None
+        refusal = self._disk_limit_refusal()
+        if refusal is not None:
+            raise errors.InvalidRequest(
+                f"disk cannot be limited on this engine: its {refusal} cannot cap a "
+                "container's disk, and Orchard refuses a limit it cannot enforce",
+                hint="leave disk out (sandboxes here are not disk-limited), or give the engine "
+                "storage that can (overlay on xfs mounted with pquota, or btrfs): see "
+                "docs/deployment.md",
+            )
+        return {"size": str(spec.disk_bytes)}
+
     # -- lifecycle ------------------------------------------------------------------------
 
     def _create(self, spec: SandboxSpec) -> BackendSandbox:
@@ -398,6 +431,7 @@ class DockerEngineBackend:
                 f"({self._host_memory / 2**30:.1f}Gi)",
                 hint="ask for less memory",
             )
+        storage_options = self._storage_options(spec)
         self._ensure_image(spec.image, spec.snapshot_id)
         if self._get(name) is not None:
             raise errors.SandboxExists(
@@ -446,6 +480,7 @@ class DockerEngineBackend:
                 mem_limit=spec.memory_bytes,
                 memswap_limit=spec.memory_bytes,  # equal: no swap
                 pids_limit=spec.pids_limit,
+                storage_opt=storage_options,
                 network_mode="none" if spec.block_network else None,
                 mounts=mounts,
                 # The engine's tiny init (catatonit, tini) is PID 1 and reaps orphans, so the
@@ -465,6 +500,13 @@ class DockerEngineBackend:
             container.start()
         except docker.errors.APIError as exc:
             self._delete(spec.sandbox_id)
+            if "is not a directory" in _explanation(exc):
+                raise errors.InvalidRequest(
+                    f"workdir {spec.workdir!r} is not a directory in image {spec.image!r}, so "
+                    f"no sandbox can start there: {_explanation(exc)}",
+                    hint="pick another workdir; a snapshot whose workdir was replaced by a file "
+                    "cannot be restored: make it a directory again and snapshot anew",
+                ) from exc
             raise errors.OrchardError(
                 f"the engine could not start sandbox {spec.sandbox_id!r}: {_explanation(exc)}"
             ) from exc

@@ -258,16 +258,17 @@ def pod_manifest(settings: ServiceSettings, spec: SandboxSpec) -> Pod:
     env = {**spec.env, **launch_env(BUNDLE_MOUNT), WORKDIR_ENV: spec.workdir}
     env.pop(TOKEN_ENV, None)
     cpu = _quantity_cpu(spec.cpu)
+    disk = settings.ephemeral_storage if spec.disk_bytes is None else spec.disk_bytes
     main_resources = {
         "requests": {
             "cpu": cpu,
             "memory": str(spec.memory_bytes),
-            "ephemeral-storage": str(min(EPHEMERAL_STORAGE_REQUEST, settings.ephemeral_storage)),
+            "ephemeral-storage": str(min(EPHEMERAL_STORAGE_REQUEST, disk)),
         },
         "limits": {
             "cpu": cpu,
             "memory": str(spec.memory_bytes),
-            "ephemeral-storage": str(settings.ephemeral_storage),
+            "ephemeral-storage": str(disk),
         },
     }
     # requests = limits for the init container too (Guaranteed QoS needs every container to),

@@ -331,6 +331,47 @@ async def test_list_sees_only_this_instance(
     assert listed.created_at == mine.created_at
 
 
+def _storage_can_limit_disk(client: docker.DockerClient) -> tuple[bool, str]:
+    """What the engine's storage is, and whether ``--storage-opt size`` works on it."""
+    info = client.info()
+    status = {str(k): str(v) for k, v in info.get("DriverStatus") or []}
+    driver, backing = str(info.get("Driver")), status.get("Backing Filesystem", "")
+    capable = driver in ("btrfs", "zfs") or (driver.startswith("overlay") and backing == "xfs")
+    return capable, f"storage driver {driver} on {backing}"
+
+
+async def test_a_disk_limit_is_enforced_or_refused_never_ignored(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    docker_client: docker.DockerClient,
+) -> None:
+    capable, storage = _storage_can_limit_disk(docker_client)
+    wanted = spec(disk_bytes=64 * MiB)
+    if not capable:  # this machine (overlay on ext4): refused before anything is made
+        with pytest.raises(errors.InvalidRequest) as caught:
+            await backend.create(wanted)
+        assert caught.value.message.startswith("disk cannot be limited on this engine: its ")
+        assert storage in caught.value.message
+        assert caught.value.hint is not None and "xfs" in caught.value.hint
+        assert await backend.inspect(wanted.sandbox_id) is None
+        return
+    sandbox = await _ready(backend, wanted)
+    async with _agent(sandbox) as agent:
+        output, _ = await _run(agent, "head -c 200000000 /dev/zero > /big; echo $?")
+    assert output.strip().splitlines()[-1] != "0", output
+
+
+async def test_a_workdir_that_is_a_file_is_a_clear_error(
+    backend: DockerEngineBackend, spec: Callable[..., SandboxSpec], settings: ServiceSettings
+) -> None:
+    wanted = spec(workdir="/etc/passwd")
+    with pytest.raises(errors.InvalidRequest) as caught:
+        await backend.create(wanted)
+    assert caught.value.message.startswith("workdir '/etc/passwd' is not a directory in image ")
+    assert await backend.inspect(wanted.sandbox_id) is None
+    assert not (settings.sandboxes_dir / wanted.sandbox_id).exists()
+
+
 async def test_a_killed_sandbox_is_reported_exited_with_its_code(
     backend: DockerEngineBackend,
     spec: Callable[..., SandboxSpec],

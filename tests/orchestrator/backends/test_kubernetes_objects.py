@@ -193,6 +193,17 @@ def test_without_ttl_or_runtime_class_the_pod_has_neither(kube_settings: Service
     assert "orchard.owner" not in labels
 
 
+@pytest.mark.parametrize(
+    ("disk", "request_bytes"), [(256 * 1024**2, 256 * 1024**2), (5 * 1024**3, 1024**3)]
+)
+def test_a_sandbox_disk_is_its_ephemeral_storage_limit(
+    kube_settings: ServiceSettings, disk: int, request_bytes: int
+) -> None:
+    container = sent_pod(kube_settings, make_spec(disk_bytes=disk))["spec"]["containers"][0]
+    assert container["resources"]["limits"]["ephemeral-storage"] == str(disk)
+    assert container["resources"]["requests"]["ephemeral-storage"] == str(request_bytes)
+
+
 def test_the_secret_and_the_policy(kube_settings: ServiceSettings) -> None:
     spec = make_spec(block_network=False)
     pod = {**sent_pod(kube_settings, spec)}
