@@ -10,6 +10,7 @@ from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.agents import AgentPool
 from orchard_env.orchestrator.backends.base import Backend
 from orchard_env.orchestrator.files import FileService
+from orchard_env.orchestrator.health import AgentHealth
 from orchard_env.orchestrator.jobs import JobService
 from orchard_env.orchestrator.reaper import Reaper
 from orchard_env.orchestrator.sandboxes import SandboxService
@@ -27,6 +28,7 @@ class Orchard:
     jobs: JobService
     snapshots: SnapshotService
     files: FileService
+    health: AgentHealth
     reaper: Reaper
     clock: Callable[[], datetime]
 
@@ -40,7 +42,8 @@ class Orchard:
     ) -> Orchard:
         agents = AgentPool()
         sandboxes = SandboxService(settings, store, backend, agents, clock)
-        jobs = JobService(settings, store, sandboxes, agents, clock)
+        health = AgentHealth(store, sandboxes, agents)
+        jobs = JobService(settings, store, sandboxes, agents, health, clock)
         snapshots = SnapshotService(settings, store, backend, sandboxes, clock)
         return cls(
             settings=settings,
@@ -51,7 +54,8 @@ class Orchard:
             jobs=jobs,
             snapshots=snapshots,
             files=FileService(sandboxes, agents),
-            reaper=Reaper(settings, store, sandboxes, snapshots, clock),
+            health=health,
+            reaper=Reaper(settings, store, sandboxes, snapshots, health, clock),
             clock=clock,
         )
 
@@ -64,4 +68,5 @@ class Orchard:
         """Stop following jobs and probes; the sandboxes and their commands keep running."""
         await self.jobs.close()
         await self.sandboxes.close()
+        await self.health.close()
         await self.agents.close()
