@@ -12,6 +12,21 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+SANDBOX_CAPABILITIES = (
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SETFCAP",
+    "NET_BIND_SERVICE",
+)
+"""The only Linux capabilities a sandbox's root has (every backend drops all others): what
+package installs and test suites use (file ownership and modes, su/setpriv to another user,
+signals, low ports). Not kept: SETPCAP, SYS_CHROOT, MKNOD, NET_RAW, AUDIT_WRITE."""
+
 
 class Capability(StrEnum):
     NETWORK_ISOLATION = "network_isolation"

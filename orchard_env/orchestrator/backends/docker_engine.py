@@ -51,6 +51,7 @@ from orchard_env.agent.bundle import (
 )
 from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.backends.base import (
+    SANDBOX_CAPABILITIES,
     AgentEndpoint,
     BackendSandbox,
     Capability,
@@ -406,6 +407,11 @@ class DockerEngineBackend:
                 pids_limit=spec.pids_limit,
                 network_mode="none" if spec.block_network else None,
                 mounts=mounts,
+                # No privilege gained through setuid binaries or file capabilities, and
+                # only the capabilities images need.
+                security_opt=["no-new-privileges"],
+                cap_drop=["ALL"],
+                cap_add=list(SANDBOX_CAPABILITIES),
                 # The engine's tiny init (catatonit, tini) is PID 1 and reaps orphans, so the
                 # agent does not have to stay behind as a second Python process.
                 init=True,

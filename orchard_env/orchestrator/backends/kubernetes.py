@@ -65,6 +65,7 @@ from orchard_env import errors
 from orchard_env.agent.bundle import BUNDLE_MOUNT, launch_argv, launch_env
 from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.backends.base import (
+    SANDBOX_CAPABILITIES,
     AgentEndpoint,
     BackendSandbox,
     Capability,
@@ -325,8 +326,8 @@ def pod_manifest(settings: ServiceSettings, spec: SandboxSpec) -> Pod:
                 "volumeMounts": [{**bundle_mount, "readOnly": True}],
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "securityContext": {
-                    "allowPrivilegeEscalation": False,
-                    "capabilities": {"drop": ["NET_RAW"]},
+                    "allowPrivilegeEscalation": False,  # no-new-privileges
+                    "capabilities": {"drop": ["ALL"], "add": list(SANDBOX_CAPABILITIES)},
                 },
             }
         ],

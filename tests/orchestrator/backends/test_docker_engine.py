@@ -27,7 +27,7 @@ from orchard_env.orchestrator.backends.base import (
     SandboxState,
 )
 from orchard_env.orchestrator.backends.docker_engine import DockerEngineBackend
-from tests.orchestrator.backends.conftest import MiB
+from tests.orchestrator.backends.conftest import MiB, sandbox_capability_mask, sandbox_status
 
 pytestmark = pytest.mark.engine
 
@@ -120,7 +120,10 @@ async def test_busybox_sandbox_runs_the_agent_with_labels_and_limits(
     async with _agent(sandbox) as agent:
         await agent.wait_ready(30)
         output, exit_ = await _run(agent, "echo $GREETING; pwd; hostname; cat /proc/1/cmdline")
+        status, _ = await _run(agent, "cat /proc/self/status")
     assert exit_.exit_code == 0
+    # Root in the sandbox has only the capabilities images need, and no new privileges.
+    assert sandbox_status(status) == (sandbox_capability_mask(), "1")
     greeting, cwd, hostname, cmdline = output.split("\n", 3)
     assert (greeting, cwd, hostname) == ("hello", "/workspace", wanted.sandbox_id)
     assert f"{BUNDLE_MOUNT}/agent/server.py" in cmdline  # the agent is PID 1

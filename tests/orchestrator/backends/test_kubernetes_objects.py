@@ -16,7 +16,7 @@ import pytest
 import manifests
 from orchard_env.agent.bundle import BUNDLE_MOUNT, launch_argv
 from orchard_env.config import ServiceSettings
-from orchard_env.orchestrator.backends.base import SandboxSpec, SandboxState
+from orchard_env.orchestrator.backends.base import SANDBOX_CAPABILITIES, SandboxSpec, SandboxState
 from orchard_env.orchestrator.backends.kubernetes import (
     KubernetesBackend,
     PodView,
@@ -177,7 +177,7 @@ def test_the_pod_spec(kube_settings: ServiceSettings) -> None:
     }
     assert main["securityContext"] == {
         "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["NET_RAW"]},
+        "capabilities": {"drop": ["ALL"], "add": list(SANDBOX_CAPABILITIES)},
     }
     assert main["readinessProbe"]["tcpSocket"] == {"port": settings.agent_port}
     assert main["ports"] == [{"name": "agent", "containerPort": settings.agent_port}]
