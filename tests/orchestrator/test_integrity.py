@@ -157,8 +157,8 @@ async def test_a_symlink_at_the_socket_is_never_followed(sandbox: AsyncSandbox, 
     planted = await sandbox.exec(f"rm {AGENT_SOCKET} && ln -s {bait.path} {AGENT_SOCKET}")
     assert planted.succeeded, planted
     outcomes = await concurrent_execs(sandbox)
-    reason = await failed_reason(sandbox)
     assert bait.accepted == 0, outcomes
+    reason = await failed_reason(sandbox)
     assert reason.startswith("its agent failed an integrity check: agent at "), reason
     assert reason.endswith(
         "agent.sock is a symlink, not the agent's socket: something in the sandbox replaced it"
