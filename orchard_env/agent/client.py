@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
+import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from orchard_env import errors
 from orchard_env.agent import peer
+from orchard_env.agent.daemon import proof
 from orchard_env.protocol import FileEntry
 
 RESUME_DELAYS = (0.05, 0.2, 0.5, 1.0)  # between re-attach attempts of a broken job stream
@@ -156,15 +159,21 @@ class AgentClient:
         uds: str | None = None,
         base_url: str | None = None,
         timeout: float = 30.0,
+        env: dict[str, str] | None = None,
         on_tampered: Callable[[errors.AgentTampered], None] | None = None,
     ) -> None:
-        """``on_tampered`` hears of every :class:`~orchard_env.errors.AgentTampered` before it
-        is raised (the orchestrator fails the sandbox)."""
+        """``token`` is the sandbox's key (see :mod:`orchard_env.agent.proof`); ``env`` the
+        sandbox's environment for its commands, handed to the agent with the key when it is
+        enrolled (:meth:`wait_ready`). ``on_tampered`` hears of every
+        :class:`~orchard_env.errors.AgentTampered` before it is raised (the orchestrator
+        fails the sandbox)."""
         if (uds is None) == (base_url is None):
             raise errors.InvalidRequest("AgentClient needs exactly one of uds= or base_url=")
         if not token:
             raise errors.InvalidRequest("AgentClient needs the sandbox's agent token (token=)")
         self._token = token
+        self._key = token.encode()
+        self._env = dict(env or {})
         self._uds = uds
         self._base_url = (base_url or "http://agent").rstrip("/")
         self._where = uds if uds is not None else self._base_url
@@ -178,7 +187,6 @@ class AgentClient:
         return httpx.AsyncClient(
             transport=peer.transport(uds=self._uds, limits=limits, tampered=self._tampered),
             base_url=self._base_url,
-            headers={"Authorization": f"Bearer {self._token}"},
             timeout=httpx.Timeout(self._timeout),
         )
 
@@ -204,6 +212,61 @@ class AgentClient:
         if self._on_tampered is not None:
             self._on_tampered(error)
         return error
+
+    def _sign(self, method: str, target: str, body: str) -> tuple[str, dict[str, str]]:
+        """(nonce, headers) authenticating one request to the agent."""
+        nonce = secrets.token_hex(16)
+        mac = proof.request_mac(self._key, nonce, method, target, body)
+        headers = {
+            proof.NONCE_HEADER: nonce,
+            proof.BODY_HEADER: body,
+            "Authorization": f"{proof.SCHEME} {mac}",
+        }
+        return nonce, headers
+
+    def _signed(
+        self,
+        method: str,
+        url: str,
+        *,
+        params: dict[str, str] | None = None,
+        content: bytes | AsyncIterable[bytes] | None = None,
+        timeout: httpx.Timeout | float | None = None,
+    ) -> tuple[httpx.Request, str]:
+        """A request carrying its MAC (the body's digest included unless it is streamed)."""
+        if isinstance(content, bytes):
+            body = proof.digest(content)
+        elif content is None:
+            body = proof.digest(b"")
+        else:
+            body = proof.UNSIGNED_BODY
+        request = self._http.build_request(
+            method,
+            url,
+            params=params,
+            content=content,
+            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
+        )
+        nonce, headers = self._sign(method, request.url.raw_path.decode("ascii"), body)
+        request.headers.update(headers)
+        return request, nonce
+
+    def _check_proof(self, response: httpx.Response, nonce: str, body: str) -> None:
+        """The answer came from the agent holding the sandbox's key, else tampering."""
+        given = response.headers.get(proof.PROOF_HEADER, "")
+        expected = proof.response_mac(self._key, nonce, response.status_code, body)
+        if not proof.same(given, expected):
+            raise self._tampered(
+                "its answer carries no valid proof of the sandbox's key: "
+                "something other than the sandbox's agent answered"
+            )
+
+    async def _fail(self, response: httpx.Response, nonce: str) -> NoReturn:
+        """Raise the error of a non-200 answer (proven, except a 401 for a wrong key)."""
+        body = await self._error_body(response)
+        if response.status_code != 401:
+            self._check_proof(response, nonce, proof.digest(body))
+        self._raise_error(response.status_code, body)
 
     async def _error_body(self, response: httpx.Response) -> bytes:
         return await peer.read_capped(response, peer.MAX_ERROR_BYTES, "an error", self._tampered)
@@ -231,23 +294,65 @@ class AgentClient:
         raise cls(message)
 
     async def _request(
-        self, method: str, url: str, *, http: httpx.AsyncClient | None = None, **kwargs: Any
+        self,
+        method: str,
+        url: str,
+        *,
+        http: httpx.AsyncClient | None = None,
+        params: dict[str, str] | None = None,
+        content: bytes | AsyncIterable[bytes] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the request's, passed to httpx
     ) -> Any:
+        """One signed request and its proven JSON answer."""
+        request, nonce = self._signed(method, url, params=params, content=content, timeout=timeout)
         try:
-            async with (http or self._http).stream(method, url, **kwargs) as response:
+            response = await (http or self._http).send(request, stream=True)
+            try:
                 if response.status_code != 200:
-                    self._raise_error(response.status_code, await self._error_body(response))
+                    await self._fail(response, nonce)
                 body = await peer.read_capped(
                     response, peer.MAX_JSON_BYTES, "a JSON reply", self._tampered
                 )
+            finally:
+                await response.aclose()
         except httpx.TransportError as exc:
             raise self._unavailable(exc) from exc
+        self._check_proof(response, nonce, proof.digest(body))
         return self._json(body)
+
+    async def _liveness(self, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
+        """The agent's unauthenticated ``GET /health`` (it answers before it is enrolled)."""
+        try:
+            async with self._http.stream("GET", "/health", timeout=timeout) as response:
+                body = await peer.read_capped(
+                    response, peer.MAX_ERROR_BYTES, "a health answer", self._tampered
+                )
+        except httpx.TransportError as exc:
+            raise self._unavailable(exc) from exc
+        result = self._json(body)
+        if response.status_code != 200 or not isinstance(result, dict):
+            raise self._tampered(f"the agent's health answer is HTTP {response.status_code}")
+        return result
+
+    async def enroll(self) -> None:
+        """Hand the agent the sandbox's key and environment, once, before anything runs.
+
+        An agent enrolled already must hold this very key (an orchestrator that restarted
+        enrolled it before); one enrolled with another key is tampering.
+        """
+        content = json.dumps({"key": self._token, "env": self._env}).encode()
+        try:
+            await self._request("POST", "/enroll", content=content)
+        except errors.Conflict:
+            pass  # a proven 409: enrolled with this key already
+        except errors.AuthenticationRequired:
+            raise self._tampered("the agent was enrolled with another key") from None
 
     # health
 
     async def health(self) -> dict[str, Any]:
-        """The agent's ``{"status", "pid", "version"}``; AgentUnavailable when unreachable."""
+        """The agent's ``{"status", "pid", "version", "enrolled"}``, proven to come from the
+        agent holding the key; AgentUnavailable when unreachable."""
         result: dict[str, Any] = await self._request("GET", "/health")
         return result
 
@@ -269,12 +374,16 @@ class AgentClient:
         return None
 
     async def wait_ready(self, timeout: float) -> None:  # noqa: ASYNC109 - a deadline
-        """Poll :meth:`health` with a short backoff until it answers or ``timeout`` passes."""
+        """Poll the agent's health with a short backoff until it answers or ``timeout``
+        passes; then enroll it (:meth:`enroll`) if it is not yet, and prove it holds the key."""
         deadline = time.monotonic() + timeout
         delay = 0.01
         while True:
             try:
-                await self._request("GET", "/health", timeout=max(0.1, min(2.0, timeout)))
+                status = await self._liveness(max(0.1, min(2.0, timeout)))
+                if not status.get("enrolled"):
+                    await self.enroll()
+                await self.health()
                 return
             except errors.AgentUnavailable as exc:
                 if time.monotonic() + delay > deadline:
@@ -367,19 +476,29 @@ class AgentClient:
         delivered = {"stdout": 0, "stderr": 0}
         cap = peer.AGENT_DEFAULT_MAX_OUTPUT if max_output is None else max_output
         timeout = httpx.Timeout(self._timeout, read=read_timeout)
+        content = None if payload is None else json.dumps(payload).encode()
         for delay in (*RESUME_DELAYS, None):
             final: Exit | None = None
+            proven = False
+            request, nonce = self._signed(method, url, content=content, timeout=timeout)
             try:
-                async with self._http.stream(method, url, json=payload, timeout=timeout) as resp:
+                resp = await self._http.send(request, stream=True)
+                try:
                     if resp.status_code != 200:
-                        self._raise_error(resp.status_code, await self._error_body(resp))
+                        await self._fail(resp, nonce)
+                    self._check_proof(resp, nonce, proof.STREAM)
                     seen = {"stdout": 0, "stderr": 0}
+                    sent = hashlib.sha256()
                     lines = peer.capped_lines(resp, peer.stream_bytes_limit(cap), self._tampered)
-                    # Read to the end of the response (the exit event is last): only a fully
-                    # read response leaves its connection reusable for the next call.
+                    # Read to the end of the response (the proof is last): only a fully read
+                    # response leaves its connection reusable for the next call.
                     async for line in lines:
+                        if proven:
+                            raise self._tampered("the agent sent events after its proof")
                         if final is not None:
-                            raise self._tampered("the agent sent events after the exit event")
+                            proven = self._stream_proof(line, nonce, sent.hexdigest())
+                            continue
+                        sent.update(line + b"\n")
                         event = self._event(line, cap, seen)
                         if isinstance(event, Exit):
                             final = event
@@ -391,8 +510,12 @@ class AgentClient:
                             data = event.data[max(skip, 0) :]
                             delivered[event.stream] += len(data)
                             yield Output(event.stream, data)
+                finally:
+                    await resp.aclose()
                 if final is None:
                     raise httpx.RemoteProtocolError("the job stream ended before its exit event")
+                if not proven:
+                    raise self._tampered("the job stream ended without the agent's proof")
             except httpx.TransportError as exc:
                 if final is None:
                     if delay is None:
@@ -402,22 +525,42 @@ class AgentClient:
             yield final
             return
 
+    def _stream_proof(self, line: bytes, nonce: str, stream_digest: str) -> bool:
+        """True for the valid proof line of a job stream, else tampering."""
+        try:
+            given = json.loads(line)
+            valid = given["t"] == "p" and proof.same(
+                str(given["mac"]), proof.stream_mac(self._key, nonce, stream_digest)
+            )
+        except (ValueError, KeyError, TypeError):
+            valid = False
+        if not valid:
+            raise self._tampered(
+                "the job stream's proof does not hold: "
+                "something other than the sandbox's agent sent it or changed it"
+            )
+        return True
+
     # files
 
     async def open_file(self, path: str) -> FileStream:
         """Start a download: its size is known before any byte is read (FileNotFound if
         missing, InvalidRequest for a directory, raised here rather than mid-stream)."""
-        request = self._http.build_request("GET", "/files", params={"path": path})
+        request, nonce = self._signed("GET", "/files", params={"path": path})
         try:
             response = await self._http.send(request, stream=True)
             if response.status_code != 200:
                 try:
-                    body = await self._error_body(response)
+                    await self._fail(response, nonce)
                 finally:
                     await response.aclose()
-                self._raise_error(response.status_code, body)
         except httpx.TransportError as exc:
             raise self._unavailable(exc) from exc
+        try:
+            self._check_proof(response, nonce, proof.RAW)
+        except errors.AgentTampered:
+            await response.aclose()
+            raise
         length = response.headers.get("Content-Length", "")
         if not length.isdigit():
             await response.aclose()
@@ -464,8 +607,9 @@ class AgentClient:
 
     async def open_pty(self) -> AgentPty:
         """Open a PTY WebSocket; send the ``init`` frame next (within 10 s)."""
+        nonce, headers = self._sign("GET", "/pty", proof.digest(b""))
         options: dict[str, Any] = {
-            "additional_headers": {"Authorization": f"Bearer {self._token}"},
+            "additional_headers": headers,
             "compression": None,
             "open_timeout": self._timeout,
             "max_size": PTY_MAX_MESSAGE,
@@ -481,4 +625,11 @@ class AgentClient:
             self._raise_error(exc.response.status_code, bytes(exc.response.body or b""))
         except (OSError, InvalidHandshake, TimeoutError) as exc:
             raise self._unavailable(exc) from exc
+        given = ws.response.headers.get(proof.PROOF_HEADER, "") if ws.response else ""
+        if not proof.same(given, proof.response_mac(self._key, nonce, 101, proof.UPGRADE)):
+            await ws.close()
+            raise self._tampered(
+                "its PTY handshake carries no valid proof of the sandbox's key: "
+                "something other than the sandbox's agent answered"
+            )
         return AgentPty(ws, self._tampered)

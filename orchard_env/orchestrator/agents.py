@@ -36,6 +36,7 @@ class AgentPool:
             token=endpoint.token,
             uds=endpoint.uds,
             base_url=None if endpoint.uds is not None else endpoint.base_url(),
+            env=record.env,
             on_tampered=lambda error: self._tampered(record.sandbox_id, error),
         )
         self._clients[record.sandbox_id] = (endpoint, client)

@@ -14,6 +14,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import docker
 import pytest
 
 from orchard_env.config import ServiceSettings, service_settings
@@ -22,6 +23,59 @@ from orchard_env.sdk import AsyncSandbox, AsyncSandboxClient
 from tests.servers import Live, live_service
 
 pytestmark = pytest.mark.engine
+
+SNOOP = r"""
+import ctypes, os, sys
+
+key = sys.argv[1][::-1].encode()  # reversed here, so the agent's copy of this command has no key
+found = []
+agents = 0
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def read(path):
+    try:
+        with open(path, "rb") as source:
+            return source.read()
+    except OSError:
+        return b""
+
+
+def memory_has_key(pid):
+    try:
+        maps = open(f"/proc/{pid}/maps").read().splitlines()
+        mem = open(f"/proc/{pid}/mem", "rb", 0)
+    except OSError:
+        return False
+    for line in maps:
+        span, perms = line.split()[:2]
+        lo, hi = (int(x, 16) for x in span.split("-"))
+        if "r" not in perms or hi - lo > 1 << 28:
+            continue
+        try:
+            mem.seek(lo)
+            if key in mem.read(hi - lo):
+                return True
+        except (OSError, OverflowError, ValueError):
+            continue
+    return False
+
+
+for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
+    if pid == os.getpid():
+        continue
+    if key in read(f"/proc/{pid}/environ"):
+        found.append(f"environ of {pid}")
+    if memory_has_key(pid):
+        found.append(f"memory of {pid}")
+    if read(f"/proc/{pid}/cmdline").startswith(b"/opt/orchard-agent/"):  # the agent itself
+        agents += 1
+        if libc.ptrace(16, pid, 0, 0) == 0:  # PTRACE_ATTACH
+            found.append(f"ptrace of {pid}")
+            os.waitpid(pid, 0)
+            libc.ptrace(17, pid, 0, 0)  # PTRACE_DETACH
+print(", ".join(found) or "nothing", f"(agents tried: {agents})")
+"""
 
 SETTLE_SECONDS = 120  # a generous cap on detection; the reaper probes every second
 AGENT_SOCKET = "/run/orchard/agent.sock"
@@ -176,6 +230,47 @@ async def test_an_impostor_with_a_huge_line_is_cut_off(sandbox: AsyncSandbox) ->
     # Whichever reached the impostor first (an exec, or the reaper's probe) says why.
     reason = await failed_reason(sandbox)
     assert reason.startswith("its agent failed an integrity check: agent at "), reason
+
+
+def engine_key(docker_client: docker.DockerClient, sandbox_id: str) -> str:
+    """The sandbox's agent key as the engine holds it (its container's label)."""
+    (container,) = docker_client.containers.list(
+        filters={"label": f"orchard.sandbox-id={sandbox_id}"}, ignore_removed=True
+    )
+    labels = container.attrs["Config"]["Labels"]
+    if "orchard.agent-key" in labels:
+        return str(labels["orchard.agent-key"])
+    env = dict(item.split("=", 1) for item in container.attrs["Config"]["Env"])
+    return env["ORCHARD_AGENT_TOKEN"]  # where it was kept before it left the environment
+
+
+async def test_root_in_the_sandbox_cannot_read_the_agents_key(
+    sandbox: AsyncSandbox, docker_client: docker.DockerClient
+) -> None:
+    """Every process's environ and readable memory, and ptrace of the agent, as root."""
+    key = engine_key(docker_client, sandbox.sandbox_id)
+    await sandbox.upload_content(SNOOP, "/tmp/snoop.py")
+    snooped = await sandbox.exec(["python3", "/tmp/snoop.py", key[::-1]])
+    assert snooped.succeeded, snooped
+    assert snooped.stdout == "nothing (agents tried: 1)\n"
+
+
+async def test_an_impostor_that_binds_the_socket_cannot_forge_a_result(
+    sandbox: AsyncSandbox,
+) -> None:
+    await sandbox.upload_content(IMPOSTOR, "/tmp/impostor.py")
+    started = await sandbox.exec(
+        "python3 /tmp/impostor.py forge >/dev/null 2>&1 &"
+        " while [ ! -e /tmp/impostor.ready ]; do sleep 0.05; done"
+    )
+    assert started.succeeded, started
+    await concurrent_execs(sandbox)  # none of them may come back a (forged) success
+    reason = await failed_reason(sandbox)
+    assert reason.startswith("its agent failed an integrity check: agent at "), reason
+    assert reason.endswith(
+        "its answer carries no valid proof of the sandbox's key: "
+        "something other than the sandbox's agent answered"
+    )
 
 
 async def test_a_deleted_agent_socket_fails_the_sandbox(sandbox: AsyncSandbox) -> None:

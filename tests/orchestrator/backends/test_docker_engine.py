@@ -116,7 +116,9 @@ async def test_busybox_sandbox_runs_the_agent_with_labels_and_limits(
     run_dir = settings.sandboxes_dir / wanted.sandbox_id
     assert sandbox.agent.uds == str(run_dir / "agent.sock")
 
-    async with _agent(sandbox) as agent:
+    # The env reaches commands through the agent's enrollment, never the container's env.
+    key, socket_path = sandbox.agent.token, sandbox.agent.uds
+    async with AgentClient(token=key, uds=socket_path, env=wanted.env) as agent:
         await agent.wait_ready(30)
         output, exit_ = await _run(agent, "echo $GREETING; pwd; hostname; cat /proc/1/cmdline")
         status, _ = await _run(agent, "cat /proc/self/status")

@@ -78,9 +78,6 @@ def played(injector_image: str, busybox_image: str, tmp_path: Path) -> Iterator[
         ttl_seconds=600,
     )
     pod = pod_manifest(settings, spec)
-    (main,) = pod["spec"]["containers"]
-    assert main["env"][0]["name"] == "ORCHARD_AGENT_TOKEN"
-    main["env"][0] = {"name": "ORCHARD_AGENT_TOKEN", "value": TOKEN}
     path = tmp_path / "pod.yaml"
     path.write_text(yaml.safe_dump(pod))
     subprocess.run(["podman", "pod", "rm", "-f", name], capture_output=True, check=False)
@@ -120,8 +117,8 @@ async def run(agent: AgentClient, command: str) -> tuple[str, int | None]:
 
 
 async def test_the_pod_spec_runs_the_agent_in_a_busybox_image(played: str) -> None:
-    async with AgentClient(token=TOKEN, base_url=played) as agent:
-        await agent.wait_ready(30)
+    async with AgentClient(token=TOKEN, base_url=played, env={"GREETING": "hello"}) as agent:
+        await agent.wait_ready(30)  # enrolls it: the key and the env are not in the pod
         assert (await agent.health())["status"] == "ok"
         assert await run(agent, "pwd; echo $GREETING; env | grep -c ORCHARD_AGENT_") == (
             "/tmp\nhello\n0\n",
