@@ -260,6 +260,30 @@ async def test_an_id_too_long_for_the_socket_path_is_refused_before_anything_is_
     assert fits.agent is not None and len(fits.agent.uds or "") == 107
 
 
+async def test_the_sandboxes_env_reaches_commands_but_not_the_agent(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    settings: ServiceSettings,
+    docker_client: docker.DockerClient,
+) -> None:
+    """An LD_PRELOAD of the sandbox (a file that is no library: the loader complains, on stderr,
+    in every process it applies to) and a marker are its commands', never the agent's."""
+    wanted = spec(env={"LD_PRELOAD": "/etc/hostname", "MARK": "sandbox-env"})
+    sandbox = await backend.create(wanted)
+    assert sandbox.agent is not None
+    key, socket_path = sandbox.agent.token, sandbox.agent.uds
+    async with AgentClient(token=key, uds=socket_path, env=wanted.env) as agent:
+        await agent.wait_ready(30)
+        seen, exit_ = await _run(agent, 'echo "$MARK" "$LD_PRELOAD"')
+        init, _ = await _run(agent, "tr '\\0' '\\n' < /proc/1/environ 2>/dev/null")
+    assert exit_.exit_code == 0 and seen.splitlines()[-1] == "sandbox-env /etc/hostname"
+    assert "ORCHARD_AGENT_WORKDIR=" in init  # the container's own environment, which PID 1 has
+    assert "MARK=" not in init and "LD_PRELOAD=" not in init
+    assert wanted.agent_token not in init
+    logs = _container(docker_client, settings, wanted.sandbox_id).logs().decode()
+    assert "LD_PRELOAD" not in logs and "preloaded" not in logs, logs
+
+
 async def test_an_image_whose_user_is_not_root_gets_its_agent(
     backend: DockerEngineBackend,
     spec: Callable[..., SandboxSpec],
