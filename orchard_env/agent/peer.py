@@ -131,7 +131,8 @@ def transport(
     *, uds: str | None, limits: httpx.Limits, tampered: Tampered
 ) -> httpx.AsyncHTTPTransport:
     """An httpx transport whose unix-socket connections go through :func:`socket_path`."""
-    result = httpx.AsyncHTTPTransport(limits=limits)
+    # The agent speaks plain HTTP (its answers are proven by MAC): no TLS context to build.
+    result = httpx.AsyncHTTPTransport(limits=limits, verify=False)
     # httpx takes no network backend; its transport drives any httpcore pool given here.
     result._pool = httpcore.AsyncConnectionPool(
         max_connections=limits.max_connections,

@@ -13,6 +13,7 @@ from orchard_env.orchestrator.files import FileService
 from orchard_env.orchestrator.health import AgentHealth
 from orchard_env.orchestrator.jobs import JobService
 from orchard_env.orchestrator.reaper import Reaper
+from orchard_env.orchestrator.revocation import KeySessions
 from orchard_env.orchestrator.sandboxes import SandboxService
 from orchard_env.orchestrator.snapshots import SnapshotService
 from orchard_env.orchestrator.store import Store
@@ -30,6 +31,7 @@ class Orchard:
     files: FileService
     health: AgentHealth
     reaper: Reaper
+    sessions: KeySessions
     clock: Callable[[], datetime]
 
     @classmethod
@@ -56,6 +58,7 @@ class Orchard:
             files=FileService(sandboxes, agents),
             health=health,
             reaper=Reaper(settings, store, sandboxes, snapshots, health, clock),
+            sessions=KeySessions(store),
             clock=clock,
         )
 
@@ -66,6 +69,7 @@ class Orchard:
 
     async def stop(self) -> None:
         """Stop following jobs and probes; the sandboxes and their commands keep running."""
+        await self.sessions.close()
         await self.jobs.close()
         await self.sandboxes.close()
         await self.health.close()

@@ -171,7 +171,7 @@ async def agent_server(tmp_path: Path, short_dir: Path) -> AsyncIterator[Running
     process = start_agent(
         [*HOST_AGENT],
         f"unix:{socket}",
-        {"ORCHARD_AGENT_TOKEN": TOKEN},
+        {},
         workdir,
     )
     running = RunningAgent(socket, TOKEN, workdir, process)

@@ -149,7 +149,7 @@ async def test_chunked_upload_from_a_raw_client(agent_server: RunningAgent) -> N
         yield b"world"
 
     token = agent_server.token
-    transport = httpx.AsyncHTTPTransport(uds=agent_server.socket)
+    transport = httpx.AsyncHTTPTransport(uds=agent_server.socket, verify=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://a") as c:
         target = "/files?path=c.txt&mode=0640"
         headers = signed(token, "PUT", target, None)
