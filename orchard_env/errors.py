@@ -182,6 +182,16 @@ class AgentUnavailable(Unavailable):
 
 
 @_register
+class AgentTampered(OrchardError):
+    """A sandbox's agent endpoint answered as the real agent never does: a planted symlink or
+    file at its socket, an impostor, or a reply over the protocol's bounds. The sandbox is
+    failed with this reason; nothing it sent is believed."""
+
+    code = "agent_tampered"
+    http_status = 502
+
+
+@_register
 class EngineNotFound(OrchardError):
     """No container engine socket could be found or reached (client side)."""
 

@@ -14,6 +14,21 @@ from typing import Protocol, runtime_checkable
 
 from orchard_env.errors import SnapshotNotFound
 
+SANDBOX_CAPABILITIES = (
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SETFCAP",
+    "NET_BIND_SERVICE",
+)
+"""The only Linux capabilities a sandbox's root has (every backend drops all others): what
+package installs and test suites use (file ownership and modes, su/setpriv to another user,
+signals, low ports). Not kept: SETPCAP, SYS_CHROOT, MKNOD, NET_RAW, AUDIT_WRITE."""
+
 
 class Capability(StrEnum):
     NETWORK_ISOLATION = "network_isolation"

@@ -4,6 +4,7 @@ independence of forks, lineage labels, what is not in the image, and image remov
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -133,8 +134,9 @@ async def test_restore_gets_the_files_of_the_moment_of_the_snapshot(
     assert config["Labels"][LABEL_INSTANCE] == settings.instance
     assert config["Labels"]["orchard.record"] == ""
     assert "orchard.snapshot-parent" not in config["Labels"]
-    assert "ORCHARD_AGENT_TOKEN=" in config["Env"]  # blanked: the secret is not in it
+    assert config["Labels"]["orchard.agent-key"] == ""  # blanked: the key is not in it
     assert not any(source_spec.agent_token in item for item in config["Env"])
+    assert source_spec.agent_token not in json.dumps(committed.attrs)
     assert (config.get("Entrypoint") or []) == (base.get("Entrypoint") or [])
     assert (config.get("Cmd") or []) == (base.get("Cmd") or [])
 
