@@ -62,6 +62,14 @@ class ConfigError(InvalidRequest):
 
 
 @_register
+class QuotaExceeded(OrchardError):
+    """A key's or the service's quota of live sandboxes, CPU or memory would be exceeded."""
+
+    code = "quota_exceeded"
+    http_status = 429
+
+
+@_register
 class LimitExceeded(InvalidRequest):
     """A requested size is above a configured cap, or a quota is used up."""
 
@@ -171,6 +179,16 @@ class BackendUnavailable(Unavailable):
 @_register
 class AgentUnavailable(Unavailable):
     code = "agent_unavailable"
+
+
+@_register
+class AgentTampered(OrchardError):
+    """A sandbox's agent endpoint answered as the real agent never does: a planted symlink or
+    file at its socket, an impostor, or a reply over the protocol's bounds. The sandbox is
+    failed with this reason; nothing it sent is believed."""
+
+    code = "agent_tampered"
+    http_status = 502
 
 
 @_register

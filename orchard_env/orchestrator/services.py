@@ -10,8 +10,10 @@ from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.agents import AgentPool
 from orchard_env.orchestrator.backends.base import Backend
 from orchard_env.orchestrator.files import FileService
+from orchard_env.orchestrator.health import AgentHealth
 from orchard_env.orchestrator.jobs import JobService
 from orchard_env.orchestrator.reaper import Reaper
+from orchard_env.orchestrator.revocation import KeySessions
 from orchard_env.orchestrator.sandboxes import SandboxService
 from orchard_env.orchestrator.snapshots import SnapshotService
 from orchard_env.orchestrator.store import Store
@@ -27,7 +29,9 @@ class Orchard:
     jobs: JobService
     snapshots: SnapshotService
     files: FileService
+    health: AgentHealth
     reaper: Reaper
+    sessions: KeySessions
     clock: Callable[[], datetime]
 
     @classmethod
@@ -40,7 +44,8 @@ class Orchard:
     ) -> Orchard:
         agents = AgentPool()
         sandboxes = SandboxService(settings, store, backend, agents, clock)
-        jobs = JobService(settings, store, sandboxes, agents, clock)
+        health = AgentHealth(store, sandboxes, agents)
+        jobs = JobService(settings, store, sandboxes, agents, health, clock)
         snapshots = SnapshotService(settings, store, backend, sandboxes, clock)
         return cls(
             settings=settings,
@@ -51,7 +56,9 @@ class Orchard:
             jobs=jobs,
             snapshots=snapshots,
             files=FileService(sandboxes, agents),
-            reaper=Reaper(settings, store, sandboxes, snapshots, clock),
+            health=health,
+            reaper=Reaper(settings, store, sandboxes, snapshots, health, clock),
+            sessions=KeySessions(store),
             clock=clock,
         )
 
@@ -62,6 +69,8 @@ class Orchard:
 
     async def stop(self) -> None:
         """Stop following jobs and probes; the sandboxes and their commands keep running."""
+        await self.sessions.close()
         await self.jobs.close()
         await self.sandboxes.close()
+        await self.health.close()
         await self.agents.close()

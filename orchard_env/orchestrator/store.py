@@ -29,7 +29,7 @@ from orchard_env.orchestrator.records import (
     SnapshotRecord,
     UsageRow,
 )
-from orchard_env.protocol import ExecRequest, JobStatus, SandboxStatus
+from orchard_env.protocol import ExecRequest, JobStatus, KeyQuota, SandboxStatus
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -70,12 +70,17 @@ class Store(Protocol):
 
     # jobs
     async def insert_job(self, record: JobRecord) -> tuple[JobRecord, bool]:
-        """Insert unless the job_id exists; returns the stored row and whether it was new."""
+        """Insert unless the job_id exists in the record's scope; returns the stored row and
+        whether it was new."""
         ...
 
     async def put_job(self, record: JobRecord) -> None: ...
 
-    async def get_job(self, job_id: str) -> JobRecord | None: ...
+    async def get_job(self, scope: str, job_id: str) -> JobRecord | None: ...
+
+    async def find_jobs(self, job_id: str) -> list[JobRecord]:
+        """The jobs with this id in every scope, newest first (for admin keys)."""
+        ...
 
     async def list_jobs(self, sandbox_id: str) -> list[JobRecord]:
         """Newest first."""
@@ -204,6 +209,46 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX snapshots_owner ON snapshots(owner);
     CREATE INDEX snapshots_parent ON snapshots(parent_id);
     """,
+    # 4: job ids unique per scope (the owner of the job's sandbox), not service-wide
+    """
+    CREATE TABLE jobs_scoped (
+        job_id TEXT NOT NULL,
+        scope TEXT NOT NULL DEFAULT '',
+        sandbox_id TEXT NOT NULL,
+        owner TEXT,
+        status TEXT NOT NULL,
+        command TEXT NOT NULL,
+        request TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        started_at TEXT,
+        completed_at TEXT,
+        stdout TEXT NOT NULL DEFAULT '',
+        stderr TEXT NOT NULL DEFAULT '',
+        exit_code INTEGER,
+        timed_out INTEGER NOT NULL DEFAULT 0,
+        cancelled INTEGER NOT NULL DEFAULT 0,
+        truncated INTEGER NOT NULL DEFAULT 0,
+        error TEXT,
+        PRIMARY KEY (scope, job_id)
+    );
+    INSERT INTO jobs_scoped (job_id, scope, sandbox_id, owner, status, command, request,
+        created_at, started_at, completed_at, stdout, stderr, exit_code, timed_out, cancelled,
+        truncated, error)
+    SELECT job_id,
+        COALESCE((SELECT s.owner FROM sandboxes s WHERE s.id = jobs.sandbox_id), owner, ''),
+        sandbox_id, owner, status, command, request, created_at, started_at, completed_at,
+        stdout, stderr, exit_code, timed_out, cancelled, truncated, error
+    FROM jobs;
+    DROP TABLE jobs;
+    ALTER TABLE jobs_scoped RENAME TO jobs;
+    CREATE INDEX jobs_sandbox ON jobs(sandbox_id, created_at);
+    CREATE INDEX jobs_status ON jobs(status);
+    CREATE INDEX jobs_id ON jobs(job_id);
+    """,
+    # 5: per-key quotas (JSON of KeyQuota)
+    """
+    ALTER TABLE api_keys ADD COLUMN quota TEXT NOT NULL DEFAULT '{}';
+    """,
 )
 
 
@@ -225,7 +270,7 @@ def _opt_dt(value: str | None) -> datetime | None:
 
 
 _JOB_COLUMNS = (
-    "job_id, sandbox_id, owner, status, command, request, created_at, started_at, "
+    "job_id, scope, sandbox_id, owner, status, command, request, created_at, started_at, "
     "completed_at, stdout, stderr, exit_code, timed_out, cancelled, truncated, error"
 )
 _JOB_VALUES = "VALUES (" + ", ".join("?" for _ in _JOB_COLUMNS.split(",")) + ")"
@@ -234,6 +279,7 @@ _JOB_VALUES = "VALUES (" + ", ".join("?" for _ in _JOB_COLUMNS.split(",")) + ")"
 def _job_params(r: JobRecord) -> tuple[Any, ...]:
     return (
         r.job_id,
+        r.scope,
         r.sandbox_id,
         r.owner,
         r.status.value,
@@ -277,6 +323,7 @@ def _exec_request(text: str) -> ExecRequest:
 def _job_from_row(row: sqlite3.Row) -> JobRecord:
     return JobRecord(
         job_id=row["job_id"],
+        scope=row["scope"],
         sandbox_id=row["sandbox_id"],
         owner=row["owner"],
         status=JobStatus(row["status"]),
@@ -303,6 +350,7 @@ def _key_from_row(row: sqlite3.Row) -> KeyRecord:
         admin=bool(row["admin"]),
         created_at=_dt(row["created_at"]),
         revoked_at=_opt_dt(row["revoked_at"]),
+        quota=KeyQuota.model_validate_json(row["quota"]),
     )
 
 
@@ -525,8 +573,8 @@ class SQLiteStore:
             if cursor.rowcount == 1:
                 return record, True
             row = tx.execute(
-                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?",  # noqa: S608
-                (record.job_id,),
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE scope = ? AND job_id = ?",  # noqa: S608
+                (record.scope, record.job_id),
             ).fetchone()
         return _job_from_row(row), False
 
@@ -539,15 +587,12 @@ class SQLiteStore:
             _job_params(record),
         )
 
-    async def get_job(self, job_id: str) -> JobRecord | None:
-        return await self._call(self._get_job, job_id)
+    async def get_job(self, scope: str, job_id: str) -> JobRecord | None:
+        jobs = await self._call(self._select_jobs, "scope = ? AND job_id = ?", (scope, job_id))
+        return jobs[0] if jobs else None
 
-    def _get_job(self, job_id: str) -> JobRecord | None:
-        row = self._db.execute(
-            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?",  # noqa: S608
-            (job_id,),
-        ).fetchone()
-        return None if row is None else _job_from_row(row)
+    async def find_jobs(self, job_id: str) -> list[JobRecord]:
+        return await self._call(self._select_jobs, "job_id = ?", (job_id,))
 
     async def list_jobs(self, sandbox_id: str) -> list[JobRecord]:
         return await self._call(self._select_jobs, "sandbox_id = ?", (sandbox_id,))
@@ -562,7 +607,7 @@ class SQLiteStore:
     def _select_jobs(self, where: str, params: Iterable[Any]) -> list[JobRecord]:
         rows = self._db.execute(
             f"SELECT {_JOB_COLUMNS} FROM jobs WHERE {where} "  # noqa: S608
-            "ORDER BY created_at DESC, job_id",
+            "ORDER BY created_at DESC, job_id, scope",
             tuple(params),
         ).fetchall()
         return [_job_from_row(row) for row in rows]
@@ -586,8 +631,9 @@ class SQLiteStore:
 
     def _insert_key(self, record: KeyRecord) -> bool:
         cursor = self._db.execute(
-            "INSERT OR IGNORE INTO api_keys (key_id, name, sha256, admin, created_at, revoked_at) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT OR IGNORE INTO api_keys "
+            "(key_id, name, sha256, admin, created_at, revoked_at, quota) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 record.key_id,
                 record.name,
@@ -595,6 +641,7 @@ class SQLiteStore:
                 int(record.admin),
                 _ts(record.created_at),
                 _opt_ts(record.revoked_at),
+                record.quota.model_dump_json(),
             ),
         )
         return cursor.rowcount == 1

@@ -39,6 +39,7 @@ from orchard_env.orchestrator.backends.base import (
     SandboxSpec,
     SandboxState,
     SnapshotImage,
+    not_your_snapshot,
 )
 
 HOST_AGENT = (sys.executable, "-I", "-m", "orchard_env.agent.daemon")  # the real agent
@@ -94,6 +95,8 @@ class AgentProcessBackend:
             )
         if spec.image.startswith(f"{SNAPSHOT_REPOSITORY}:") and spec.image not in self.snapshots:
             raise ImageNotFound(f"image {spec.image} is not present locally")
+        if spec.image in self.snapshots and spec.image.split(":", 1)[1] != spec.snapshot_id:
+            raise not_your_snapshot(spec.image)  # an engine checks the image's snapshot label
         if spec.sandbox_id in self.fail_creates:
             raise OrchardError(
                 f"the engine could not create sandbox {spec.sandbox_id!r}: "
@@ -156,6 +159,9 @@ class AgentProcessBackend:
             await asyncio.to_thread(shutil.rmtree, copy)
         return True
 
+    def is_snapshot_image(self, image: str) -> bool:
+        return image.startswith(f"{SNAPSHOT_REPOSITORY}:")
+
     async def close(self) -> None:
         """Apps do not own this backend: its sandboxes outlive them (see :meth:`shutdown`)."""
 
@@ -172,8 +178,7 @@ class AgentProcessBackend:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(root),
-            **spec.env,
-            "ORCHARD_AGENT_TOKEN": spec.agent_token,
+            # The key and spec.env come with the orchestrator's enrollment, as on the engine.
             "ORCHARD_AGENT_WORKDIR": str(root / "workspace"),
         }
         return subprocess.Popen(

@@ -1,7 +1,8 @@
 """Schemathesis hooks for the API fuzz run (``SCHEMATHESIS_HOOKS``): keep what a generated
 request asks for local and small, without making a malformed request valid.
 
-* A valid image reference becomes the one test image (nothing is pulled from a registry).
+* A valid image reference becomes the one test image, ``ORCHARD_FUZZ_IMAGE`` (nothing is
+  pulled from a registry).
 * A valid ``ttl_seconds`` is at most :data:`TTL_SECONDS`, so the reaper removes what the run
   creates while it runs; a valid fork ``count`` is at most :data:`FORKS`.
 
@@ -10,13 +11,14 @@ Invalid values (negative and out-of-range cases) are sent as generated: they mus
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import schemathesis
 
 from orchard_env.protocol import IMAGE_RE, MAX_IMAGE_LENGTH, MAX_TTL_SECONDS
 
-LOCAL_IMAGE = "debian:12"
+LOCAL_IMAGE = os.environ.get("ORCHARD_FUZZ_IMAGE", "")
 TTL_SECONDS = 10
 FORKS = 2
 

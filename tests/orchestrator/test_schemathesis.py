@@ -1,9 +1,12 @@
 """The API fuzzed by Schemathesis from the OpenAPI the service serves: every phase (examples,
 coverage, fuzzing, stateful), positive and negative data, and no answer may be a 5xx.
 
-Bounded: a fixed seed, a few examples per operation and a time budget; the service runs on
-the service-tier backend (real agents as host processes), with the hooks in
-:mod:`tests.orchestrator.schemathesis_hooks` keeping images local and sandboxes short-lived.
+Bounded: a fixed seed, a few examples per operation and a time budget; the hooks in
+:mod:`tests.orchestrator.schemathesis_hooks` keep images local and sandboxes short-lived.
+
+The service runs on the real engine backend, never on the service-tier fake: a fuzzer sends
+whatever the schema allows (``DELETE .../files?path=/etc&recursive=true``, any command), and
+only a container keeps that inside a sandbox. The fake's agents are host processes as root.
 """
 
 from __future__ import annotations
@@ -14,29 +17,44 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from orchard_env.config import ServiceSettings
 from tests.orchestrator.conftest import make_settings
-from tests.servers import fake_backend, live_service
+from tests.servers import live_service
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET_SECONDS = 90
 
 
-def fuzz_settings(tmp_path: Path) -> ServiceSettings:
+def fuzz_settings(state_dir: Path, instance: str, bundle: Path) -> ServiceSettings:
     # Expire what the run makes while it runs: created sandboxes (TTL clamped by the hooks)
     # and snapshots are reaped every second.
     return make_settings(
-        tmp_path / "state", reap_interval_seconds=1, sandbox_ttl_seconds=10, snapshot_ttl_seconds=10
+        state_dir,
+        backend="docker",
+        instance=instance,
+        agent_bundle_dir=bundle,
+        reap_interval_seconds=1,
+        sandbox_ttl_seconds=10,
+        snapshot_ttl_seconds=10,
     )
 
 
-def test_schemathesis_finds_no_server_error(tmp_path: Path) -> None:
+def test_schemathesis_finds_no_server_error(
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    engine_instance: str,
+    agent_bundle: Path,
+    busybox_image: str,
+) -> None:
     st = shutil.which("st", path=str(Path(sys.executable).parent))
     assert st is not None, "schemathesis is a dev dependency: make install"
-    with (
-        fake_backend() as backend,
-        live_service(fuzz_settings(tmp_path), key_name="fuzz", backend=backend) as (url, api_key),
-    ):
+    # A short state dir: the agent's socket path must fit a unix socket address.
+    settings = fuzz_settings(
+        tmp_path_factory.mktemp("fuzz"), f"{engine_instance}-fuzz", agent_bundle
+    )
+    with live_service(settings, key_name="fuzz") as (url, api_key):
         run = subprocess.run(
             [
                 st,
@@ -61,6 +79,7 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path) -> None:
                 **os.environ,
                 "PYTHONPATH": str(REPO),
                 "SCHEMATHESIS_HOOKS": "tests.orchestrator.schemathesis_hooks",
+                "ORCHARD_FUZZ_IMAGE": busybox_image,
             },
             capture_output=True,
             text=True,

@@ -26,7 +26,7 @@ from orchard_env.orchestrator.backends.base import (
     SandboxState,
 )
 from orchard_env.orchestrator.backends.docker_engine import DockerEngineBackend
-from tests.orchestrator.backends.conftest import MiB
+from tests.orchestrator.backends.conftest import MiB, sandbox_capability_mask, sandbox_status
 
 pytestmark = pytest.mark.engine
 
@@ -116,10 +116,15 @@ async def test_busybox_sandbox_runs_the_agent_with_labels_and_limits(
     run_dir = settings.sandboxes_dir / wanted.sandbox_id
     assert sandbox.agent.uds == str(run_dir / "agent.sock")
 
-    async with _agent(sandbox) as agent:
+    # The env reaches commands through the agent's enrollment, never the container's env.
+    key, socket_path = sandbox.agent.token, sandbox.agent.uds
+    async with AgentClient(token=key, uds=socket_path, env=wanted.env) as agent:
         await agent.wait_ready(30)
         output, exit_ = await _run(agent, "echo $GREETING; pwd; hostname; cat /proc/1/cmdline")
+        status, _ = await _run(agent, "cat /proc/self/status")
     assert exit_.exit_code == 0
+    # Root in the sandbox has only the capabilities images need, and no new privileges.
+    assert sandbox_status(status) == (sandbox_capability_mask(), "1")
     greeting, cwd, hostname, cmdline = output.split("\n", 3)
     assert (greeting, cwd, hostname) == ("hello", "/workspace", wanted.sandbox_id)
     assert f"{BUNDLE_MOUNT}/agent\0--listen" in cmdline  # the agent is PID 1
@@ -253,6 +258,30 @@ async def test_an_id_too_long_for_the_socket_path_is_refused_before_anything_is_
     assert not settings.sandboxes_dir.exists()
     fits = await _ready(backend, spec(sandbox_id="x" * room))
     assert fits.agent is not None and len(fits.agent.uds or "") == 107
+
+
+async def test_the_sandboxes_env_reaches_commands_but_not_the_agent(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    settings: ServiceSettings,
+    docker_client: docker.DockerClient,
+) -> None:
+    """An LD_PRELOAD of the sandbox (a file that is no library: the loader complains, on stderr,
+    in every process it applies to) and a marker are its commands', never the agent's."""
+    wanted = spec(env={"LD_PRELOAD": "/etc/hostname", "MARK": "sandbox-env"})
+    sandbox = await backend.create(wanted)
+    assert sandbox.agent is not None
+    key, socket_path = sandbox.agent.token, sandbox.agent.uds
+    async with AgentClient(token=key, uds=socket_path, env=wanted.env) as agent:
+        await agent.wait_ready(30)
+        seen, exit_ = await _run(agent, 'echo "$MARK" "$LD_PRELOAD"')
+        init, _ = await _run(agent, "tr '\\0' '\\n' < /proc/1/environ 2>/dev/null")
+    assert exit_.exit_code == 0 and seen.splitlines()[-1] == "sandbox-env /etc/hostname"
+    assert "ORCHARD_AGENT_WORKDIR=" in init  # the container's own environment, which PID 1 has
+    assert "MARK=" not in init and "LD_PRELOAD=" not in init
+    assert wanted.agent_token not in init
+    logs = _container(docker_client, settings, wanted.sandbox_id).logs().decode()
+    assert "LD_PRELOAD" not in logs and "preloaded" not in logs, logs
 
 
 async def test_an_image_whose_user_is_not_root_gets_its_agent(
