@@ -77,3 +77,11 @@ def test_exit_fields() -> None:
     assert procs.exit_fields(0) == (0, None)
     assert procs.exit_fields(3) == (3, None)
     assert procs.exit_fields(-9) == (None, 9)
+
+
+@pytest.mark.parametrize(
+    ("raw", "resolved"),
+    [("/", "/"), ("//", "/"), ("///", "/"), ("//tmp/..", "/"), ("/./", "/"), ("a//b", "/w/a/b")],
+)
+def test_paths_are_normalised_so_the_root_has_one_spelling(raw: str, resolved: str) -> None:
+    assert server.Agent("/w").resolve(raw) == resolved

@@ -73,6 +73,23 @@ def test_user_mistake_prints_message_and_hint_without_traceback(isolated: Path) 
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "hint"),
+    [
+        ("--memory", "8192", "a number without a unit is bytes, did you mean 8192Mi?"),
+        ("--cpu", "0.5m", "did you mean 0.5 (500m)?"),
+    ],
+)
+def test_sizes_below_the_minimum_are_refused_with_a_hint(
+    isolated: Path, flag: str, value: str, hint: str
+) -> None:
+    env = {"ORCHARD_CONFIG": str(isolated), "PATH": "/usr/bin:/bin", "COLUMNS": "200"}
+    result = _main("sandbox", "create", "--url", "http://127.0.0.1:9", flag, value, env=env)
+    assert result.returncode == 1
+    assert "below the minimum" in result.stderr and hint in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_unreachable_service_is_one_clear_error(isolated: Path) -> None:
     env = {"ORCHARD_CONFIG": str(isolated), "PATH": "/usr/bin:/bin"}
     result = _main("sandbox", "list", "--url", "http://127.0.0.1:9", env=env)

@@ -88,7 +88,9 @@ def test_file_and_exec_attacks_on_a_real_sandbox(
     refused(upload, "base64")
     refused(raw_json(http, f"{base}/files", '{"path": "\\ud800", "content": ""}'), "path")
     refused(raw_json(http, f"{base}/exec", '{"command": "echo \\ud800"}'), "command")
-    for root in ("//", "///", "/./"):
+    # Only ever against a container: on the service-tier fake, whose agents are host processes
+    # as root, a regression here would delete the host's files.
+    for root in ("/", "//", "///", "/./", "/tmp/..", "//tmp/../"):
         deleted = http.delete(f"{base}/files", params={"path": root, "recursive": "true"})
         refused(deleted, "refusing to delete /")
     alive = http.post(f"{base}/exec", json={"command": "ls /bin/sh && echo ok", "wait": True})

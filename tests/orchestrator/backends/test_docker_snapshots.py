@@ -146,9 +146,8 @@ async def test_restoring_a_snapshot_whose_workdir_is_now_a_file_is_a_clear_error
 ) -> None:
     source = await backend.create(spec())
     await run(source, "cd / && rm -rf /workspace && echo not a dir > /workspace")
-    snapshot_id = f"snap-{secrets.token_hex(6)}"
-    image = await backend.snapshot(source.sandbox_id, snapshot_id)
-    wanted = spec(image=image.ref, snapshot_id=snapshot_id, workdir="/workspace")
+    image = await backend.snapshot(source.sandbox_id, f"snap-{secrets.token_hex(6)}")
+    wanted = spec(**restoring(image), workdir="/workspace")
     with pytest.raises(errors.InvalidRequest) as caught:
         await backend.create(wanted)
     assert caught.value.message.startswith("workdir '/workspace' is not a directory in image ")
