@@ -29,7 +29,7 @@ from orchard_env.orchestrator.auth import Caller
 from orchard_env.orchestrator.records import JobRecord, SandboxRecord
 from orchard_env.orchestrator.sandboxes import SandboxService
 from orchard_env.orchestrator.store import Store
-from orchard_env.protocol import ExecEvent, ExecRequest, Job, JobStatus, SandboxStatus, command_text
+from orchard_env.protocol import ExecEvent, ExecRequest, Job, JobStatus, SandboxStatus
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class JobService:
             job_id=request.job_id or uuid.uuid4().hex,
             sandbox_id=sandbox_id,
             owner=caller.owner,
-            command=command_text(request.command),
+            command=request.text,
             request=request.model_copy(update={"wait": False}),
             created_at=self.clock(),
         )
@@ -213,7 +213,7 @@ class JobService:
                 f"job id {record.job_id} is already used by another sandbox's job",
                 hint="job ids must be unique: leave job_id out to get a fresh one",
             )
-        if record.command != command_text(request.command):
+        if record.request.argv != request.argv or record.command != request.text:
             raise Conflict(
                 f"job id {record.job_id} already ran another command: {record.command!r}",
                 hint="a retry must resend the same command; use a new job_id for a new one",
@@ -375,7 +375,7 @@ class JobService:
         request = run.record.request
         return client.exec(
             run.record.job_id,
-            request.command,
+            request.agent_command,
             cwd=request.cwd,  # None: the agent's workdir, which is the sandbox's
             env=request.env,  # on top of the sandbox's own environment
             timeout=request.timeout_seconds,

@@ -349,6 +349,7 @@ class AsyncSandbox(SandboxBase):
         stdin: str | bytes | None = None,
         check: bool = False,
         job_id: str | None = None,
+        shell: bool = True,
         pty: Literal[False] = False,
     ) -> ExecResult: ...
 
@@ -381,6 +382,7 @@ class AsyncSandbox(SandboxBase):
         stdin: str | bytes | None = None,
         check: bool = False,
         job_id: str | None = None,
+        shell: bool = True,
         pty: bool = False,
         rows: int = 24,
         cols: int = 80,
@@ -400,6 +402,7 @@ class AsyncSandbox(SandboxBase):
             job_id=job_id,
             wait=wait,
             check=check,
+            shell=shell,
         )
         result = await self._client._run(
             flows.exec_command(self._core, self.sandbox_id, request, poll_interval=poll_interval)
@@ -418,6 +421,7 @@ class AsyncSandbox(SandboxBase):
         *,
         stdin: str | bytes | None = None,
         job_id: str | None = None,
+        shell: bool = True,
     ) -> AsyncIterator[protocol.ExecEvent]:
         """See :meth:`Sandbox.exec_stream`; iterate with ``async for``."""
         request = flows.exec_request(
@@ -430,6 +434,7 @@ class AsyncSandbox(SandboxBase):
             job_id=job_id,
             wait=False,
             check=False,
+            shell=shell,
         )
         return self._client._exec_events(self.sandbox_id, request)
 
@@ -446,11 +451,12 @@ class AsyncSandbox(SandboxBase):
         stdin: str | bytes | None = None,
         check: bool = False,
         job_id: str | None = None,
+        shell: bool = True,
     ) -> ExecResult:
         """See :meth:`Sandbox.exec_streamed`."""
         final: protocol.Job | None = None
         async for event in self.exec_stream(
-            command, timeout, cwd, env, login_shell, stdin=stdin, job_id=job_id
+            command, timeout, cwd, env, login_shell, stdin=stdin, job_id=job_id, shell=shell
         ):
             if event.event == "stdout":
                 emit(stdout or sys.stdout, event.data)

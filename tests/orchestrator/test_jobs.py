@@ -37,7 +37,7 @@ async def test_exec_wait_returns_the_finished_job(service: Service) -> None:
     assert (job["stdout"], job["stderr"]) == ("out\n", "err\n")
     assert job["timed_out"] is False and job["truncated"] is False
     assert job["started_at"] and job["completed_at"]
-    ok = await service.exec(sandbox["sandbox_id"], ["printf", "%s|", "a b", "c"])
+    ok = await service.exec(sandbox["sandbox_id"], None, argv=["printf", "%s|", "a b", "c"])
     assert ok["status"] == "succeeded" and ok["exit_code"] == 0
     assert ok["stdout"] == "a b|c|"
     assert ok["command"] == "printf '%s|' 'a b' c"
@@ -55,9 +55,12 @@ async def test_env_cwd_and_stdin(service: Service) -> None:
     missing = await service.exec(sandbox_id, "true", cwd="nowhere")
     assert missing["status"] == "failed"
     assert missing["error"].startswith("cwd ") and missing["error"].endswith("does not exist")
-    unknown = await service.exec(sandbox_id, ["no-such-program"])
+    unknown = await service.exec(sandbox_id, None, argv=["no-such-program"])
     assert (unknown["status"], unknown["exit_code"]) == ("failed", 127)
     assert unknown["error"] == "command not found: no-such-program"
+    through_bash = await service.exec(sandbox_id, ["no-such-program"])
+    assert (through_bash["status"], through_bash["exit_code"]) == ("failed", 127)
+    assert "no-such-program: command not found" in through_bash["stderr"]
 
 
 async def test_same_job_id_runs_once(service: Service) -> None:

@@ -168,18 +168,33 @@ async def test_exec_waits_server_side(service: Service) -> None:
     check_job(job)
     assert (job["status"], job["stdout"]) == ("succeeded", f"1\n{cwd}\n")
 
-    # A list command is one argv (upstream joined it with spaces).
-    body = {
-        "command": ["python3", "-c", "print(2 + 2)"],
-        "timeout_seconds": None,
-        "cwd": None,
-        "env": None,
-        "login_shell": False,
-        "wait": True,
-    }
-    job = answer(await service.http.post(url, json=body))
+    # A list command is joined with spaces and run through bash, as upstream ran it: globs,
+    # operators and redirections inside it work.
+    def listed(command: list[str]) -> dict[str, Any]:
+        return {
+            "command": command,
+            "timeout_seconds": None,
+            "cwd": cwd,
+            "env": None,
+            "login_shell": False,
+            "wait": True,
+        }
+
+    job = answer(await service.http.post(url, json=listed(["echo", "hi", ">", "a.py"])))
     check_job(job)
-    assert (job["status"], job["stdout"]) == ("succeeded", "4\n")
+    assert (job["status"], job["stdout"], job["command"]) == ("succeeded", "", "echo hi > a.py")
+    job = answer(await service.http.post(url, json=listed(["ls", "*.py"])))
+    assert (job["status"], job["stdout"]) == ("succeeded", "a.py\n")
+    job = answer(await service.http.post(url, json=listed(["echo hi && echo there"])))
+    assert (job["status"], job["stdout"]) == ("succeeded", "hi\nthere\n")
+
+    # Orchard's argv runs exactly, with no shell.
+    exact = {"argv": ["ls", "*.py"], "cwd": cwd, "wait": True}
+    job = answer(await service.http.post(url, json=exact))
+    assert (job["status"], job["command"]) == ("failed", "ls '*.py'")
+    assert "*.py" in job["stderr"] and job["stdout"] == ""
+    both = await service.http.post(url, json={**exact, "command": "ls"})
+    assert both.status_code == 400 and "exactly one of command" in both.text
 
 
 async def test_failures_and_timeouts_end_as_failed(service: Service) -> None:
