@@ -42,6 +42,8 @@ RECONNECT_SECONDS = 30.0
 WAIT_GRACE_SECONDS = 30
 """``exec wait=true`` waits for the command's timeout plus this, then returns it running."""
 CANCEL_WAIT_SECONDS = 10.0
+TIMEOUT_EXIT_CODE = 124
+"""The exit code of a command killed at its timeout, as GNU ``timeout`` and upstream report."""
 RESTART_LOST = "orchestrator restarted and the agent no longer has this job"
 
 
@@ -107,6 +109,14 @@ class JobRun:
             if tail:
                 self.parts[stream].append(tail)
                 self.chunks.append((stream, tail))
+
+    def note(self, stream: Stream, line: str) -> None:
+        """Append a line of Orchard's own to a stream (outside the cap), on a line of its own."""
+        parts = self.parts[stream]
+        text = ("\n" if parts and not parts[-1].endswith("\n") else "") + line + "\n"
+        self.parts[stream].append(text)
+        self.chunks.append((stream, text))
+        self._wake()
 
     def snapshot(self) -> JobRecord:
         if self.done.is_set():
@@ -451,7 +461,12 @@ class JobService:
         if final.cancelled:
             error = error or "cancelled"
         elif final.timed_out:
-            error = error or f"timed out after {timeout} s"
+            # Upstream's report, which harnesses test for: GNU timeout's 124, and its message
+            # as the error and as the last line of stderr.
+            exit_code = TIMEOUT_EXIT_CODE
+            error = error or f"Command timed out after {timeout}s"
+            run.flush()
+            run.note("stderr", error)
         elif error is None and final.signal is not None:
             error = f"killed by signal {final.signal}"
         succeeded = final.exit_code == 0 and error is None

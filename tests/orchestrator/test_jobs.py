@@ -193,8 +193,10 @@ async def test_timeout_is_distinct_from_exit_124(service: Service) -> None:
     sandbox_id = (await service.create())["sandbox_id"]
     timed = await service.exec(sandbox_id, "echo started; sleep 30", timeout_seconds=1)
     assert (timed["status"], timed["timed_out"], timed["cancelled"]) == ("failed", True, False)
-    assert timed["error"] == "timed out after 1 s"
-    assert timed["stdout"] == "started\n"
+    assert (timed["exit_code"], timed["error"]) == (124, "Command timed out after 1s")
+    assert (timed["stdout"], timed["stderr"]) == ("started\n", "Command timed out after 1s\n")
+    partial = await service.exec(sandbox_id, "printf oops >&2; sleep 30", timeout_seconds=1)
+    assert partial["stderr"] == "oops\nCommand timed out after 1s\n"
     exited = await service.exec(sandbox_id, "exit 124")
     assert (exited["status"], exited["exit_code"], exited["timed_out"]) == ("failed", 124, False)
     stored = await service.orchard.store.get_job(timed["job_id"])

@@ -227,7 +227,10 @@ async def test_failures_and_timeouts_end_as_failed(service: Service) -> None:
     timed_out = answer(await service.http.post(url, json=body))
     check_job(timed_out)
     assert timed_out["status"] == "failed"
-    assert isinstance(timed_out["error"], str) and timed_out["timed_out"] is True
+    # Upstream's report: GNU timeout's exit code, its message, and a note on stderr.
+    assert (timed_out["exit_code"], timed_out["error"]) == (124, "Command timed out after 1s")
+    assert timed_out["stderr"].endswith("Command timed out after 1s\n")
+    assert timed_out["timed_out"] is True
 
 
 async def test_exec_without_wait_then_polling_and_job_wait(service: Service) -> None:
