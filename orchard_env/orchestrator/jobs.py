@@ -64,17 +64,43 @@ async def skip_seen(
         yield event
 
 
+def cut_marker(dropped: int) -> str:
+    """The line that stands in a capped stream where its middle was dropped."""
+    return f"\n[... {dropped} bytes truncated ...]\n"
+
+
+def whole_characters(tail: bytes) -> int:
+    """How many leading bytes of a tail cut out of UTF-8 text belong to a character whose
+    start was dropped (at most 3 continuation bytes)."""
+    skip = 0
+    while skip < min(3, len(tail)) and 0x80 <= tail[skip] < 0xC0:
+        skip += 1
+    return skip
+
+
 class JobRun:
-    """The live state of one job in this process."""
+    """The live state of one job in this process.
+
+    Each stream keeps its head (the first half of the cap) as it arrives, for live readers,
+    and its tail (the last half) in a bounded buffer; what fell between is dropped and, at
+    the end, marked by :func:`cut_marker` between the two: the end of a log is what graders
+    read. The agent cuts the same way (and says how much it dropped); this bounds what a
+    misbehaving agent can make the orchestrator hold.
+    """
 
     def __init__(self, record: JobRecord, max_output_bytes: int) -> None:
         self.record = record
         self.max_output_bytes = max_output_bytes
+        self.tail_cap = max_output_bytes // 2
+        self.head_cap = max_output_bytes - self.tail_cap
         self.parts: dict[Stream, list[str]] = {stream: [] for stream in STREAMS}
         self.chunks: list[tuple[Stream, str]] = []  # (stream, text) in arrival order
         self.received = dict.fromkeys(STREAMS, 0)  # bytes from the agent, per stream
-        self.kept = dict.fromkeys(STREAMS, 0)  # bytes kept (the cap applies), per stream
+        self.kept = dict.fromkeys(STREAMS, 0)  # bytes of the head, per stream
+        self.tails = {stream: bytearray() for stream in STREAMS}
+        self.dropped = dict.fromkeys(STREAMS, 0)  # bytes dropped between head and tail
         self.truncated = False
+        self.flushed = False
         self.acknowledged = False  # the agent is known to have the job (it sent an event)
         self.done = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -87,28 +113,52 @@ class JobRun:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def add(self, stream: Stream, data: bytes) -> None:
-        """Append output from the agent (the cap applies; text is decoded incrementally)."""
-        self.received[stream] += len(data)
-        room = self.max_output_bytes - self.kept[stream]
-        if len(data) > room:
-            self.truncated = True
-            data = data[: max(room, 0)]
-        if not data:
-            return
-        self.kept[stream] += len(data)
-        text = self._decoders[stream].decode(data)
+    def _text(self, stream: Stream, text: str) -> None:
         if text:
             self.parts[stream].append(text)
             self.chunks.append((stream, text))
             self._wake()
 
-    def flush(self) -> None:
+    def add(self, stream: Stream, data: bytes) -> None:
+        """Append output from the agent: the head as text at once (decoded incrementally),
+        the rest into the bounded tail."""
+        self.received[stream] += len(data)
+        room = max(self.head_cap - self.kept[stream], 0)
+        head, rest = data[:room], data[room:]
+        if head:
+            self.kept[stream] += len(head)
+            self._text(stream, self._decoders[stream].decode(head))
+        if rest:
+            tail = self.tails[stream]
+            tail += rest
+            excess = len(tail) - self.tail_cap
+            if excess > 0:
+                del tail[:excess]
+                self.dropped[stream] += excess
+                self.truncated = True
+
+    def flush(self, agent_dropped: dict[Stream, int] | None = None) -> None:
+        """End the streams: the tail after the head, with the cut marked between them when
+        anything was dropped (here, or by the agent: ``agent_dropped``). Once only."""
+        if self.flushed:
+            return
+        self.flushed = True
         for stream in STREAMS:
-            tail = self._decoders[stream].decode(b"", final=True)
-            if tail:
-                self.parts[stream].append(tail)
-                self.chunks.append((stream, tail))
+            tail = bytes(self.tails[stream])
+            dropped = self.dropped[stream] + (agent_dropped or {}).get(stream, 0)
+            decoder = self._decoders[stream]
+            if dropped:
+                # Neither side of the cut keeps part of a character: the head's unfinished
+                # one and the tail's leading continuation bytes count as dropped.
+                pending = len(decoder.getstate()[0])
+                decoder.reset()
+                skip = whole_characters(tail)
+                text = cut_marker(dropped + pending + skip)
+                text += tail[skip:].decode("utf-8", errors="replace")
+                self.truncated = True
+            else:
+                text = decoder.decode(tail, final=True)
+            self._text(stream, text)
 
     def note(self, stream: Stream, line: str) -> None:
         """Append a line of Orchard's own to a stream (outside the cap), on a line of its own."""
@@ -465,11 +515,12 @@ class JobService:
             # as the error and as the last line of stderr.
             exit_code = TIMEOUT_EXIT_CODE
             error = error or f"Command timed out after {timeout}s"
-            run.flush()
-            run.note("stderr", error)
         elif error is None and final.signal is not None:
             error = f"killed by signal {final.signal}"
         succeeded = final.exit_code == 0 and error is None
+        run.flush(dict(zip(STREAMS, final.dropped, strict=True)))
+        if final.timed_out and not final.cancelled:
+            run.note("stderr", f"Command timed out after {timeout}s")
         await self._finalize(
             run,
             JobStatus.SUCCEEDED if succeeded else JobStatus.FAILED,

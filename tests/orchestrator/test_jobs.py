@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 from orchard_env.agent.client import Exit, Output
-from orchard_env.orchestrator.jobs import Stream, skip_seen
+from orchard_env.orchestrator.jobs import JobRun, Stream, skip_seen
+from orchard_env.orchestrator.records import JobRecord
+from orchard_env.protocol import ExecRequest
 from tests.orchestrator.conftest import Service, StartService, eventually
 from tests.orchestrator.test_sandboxes import detail
 
@@ -273,3 +276,41 @@ async def test_a_replayed_stream_skips_what_was_delivered() -> None:
         Output("stdout", b"gh"),
         replayed[-1],
     ]
+
+
+def job_run(cap: int) -> JobRun:
+    request = ExecRequest(command="true")
+    record = JobRecord(
+        job_id="j", sandbox_id="s", command="true", request=request, created_at=datetime.now(UTC)
+    )
+    return JobRun(record, cap)
+
+
+def test_output_past_the_cap_keeps_the_head_and_the_tail_with_the_cut_marked() -> None:
+    run = job_run(10)
+    for chunk in (b"0123", b"456789abcdef", b"ghijKLMNO"):
+        run.add("stdout", chunk)
+    run.add("stderr", b"short")
+    assert run.snapshot().stdout == "01234"  # live readers get the head as it comes
+    run.flush()
+    run.flush()  # once only
+    record = run.snapshot()
+    assert record.stdout == "01234\n[... 15 bytes truncated ...]\nKLMNO"
+    assert (record.stderr, record.truncated) == ("short", True)
+
+
+def test_the_cut_counts_what_the_agent_dropped_and_never_splits_a_character() -> None:
+    run = job_run(8)  # a head of 4 bytes, a tail of 4
+    run.add("stdout", "héé".encode())  # the head ends inside the second "é"
+    run.add("stdout", "llo wörld".encode())  # the tail starts inside "ö"
+    run.flush({"stdout": 100, "stderr": 0})  # the agent dropped 100 bytes before
+    # 15 bytes came, "hé" and "rld" (6) are shown whole: 9 dropped here, 100 by the agent
+    assert run.snapshot().stdout == "hé\n[... 109 bytes truncated ...]\nrld"
+
+
+def test_output_between_half_the_cap_and_the_cap_is_kept_whole() -> None:
+    run = job_run(10)
+    run.add("stdout", b"abcdefgh")
+    run.add("stdout", "é".encode())
+    run.flush()
+    assert (run.snapshot().stdout, run.truncated) == ("abcdefghé", False)
