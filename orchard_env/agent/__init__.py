@@ -28,7 +28,8 @@ Routes
       "cancelled": bool, "truncated": bool, "error": str|null, "duration": float}``
 
     A string ``command`` runs as ``/bin/bash -c`` (``/bin/sh -c`` without bash), a list as an
-    argv; ``login_shell`` uses ``bash -l -c`` (``sh -l -c`` without bash). Each command gets
+    argv; ``login_shell`` uses an interactive login bash that sources ``~/.bashrc``
+    (``sh -l -c`` without bash). Each command gets
     its own session; a timeout or cancel SIGKILLs exactly its process group. Output past
     ``max_output_bytes`` per stream is read and dropped (``truncated``). A missing ``cwd`` is
     a 400; a missing binary ends with exit code 127 and ``error`` naming it. The agent

@@ -340,3 +340,41 @@ async def test_no_auth_accepts_requests_without_a_token(open_agent_socket: str) 
             response = await raw.post("/exec", json={"command": "echo open"})
     assert response.status_code == 200
     assert b'"t":"x"' in response.content
+
+
+GUARDED_BASHRC = """\
+[ -z "$PS1" ] && return
+case $- in *i*) ;; *) return;; esac
+export CONDA_DEFAULT_ENV=testbed
+export PATH="$HOME/conda/bin:$PATH"
+"""
+
+
+def fake_conda_home(home: Path) -> Path:
+    """A home whose ~/.bashrc, guarded against non-interactive shells as Debian's and
+    SWE-bench images' are, activates a fake conda (its own ``python`` first on PATH)."""
+    (home / "conda" / "bin").mkdir(parents=True)
+    python = home / "conda" / "bin" / "python"
+    python.write_text("#!/bin/sh\necho conda-python\n")
+    python.chmod(0o755)
+    (home / ".bashrc").write_text(GUARDED_BASHRC)
+    return home
+
+
+async def test_login_shell_sources_a_guarded_bashrc_without_tty_noise(
+    agent: AgentClient, tmp_path: Path
+) -> None:
+    env = {"HOME": str(fake_conda_home(tmp_path / "home"))}
+    login = await collect(
+        agent.exec(
+            "l1", "echo $CONDA_DEFAULT_ENV; python; echo oops >&2", env=env, login_shell=True
+        )
+    )
+    assert (login.stdout, login.stderr) == (b"testbed\nconda-python\n", b"oops\n")
+    assert login.exit.exit_code == 0
+    argv = await collect(
+        agent.exec("l2", ["printf", "%s|", "a b", "$CONDA_DEFAULT_ENV"], env=env, login_shell=True)
+    )
+    assert (argv.stdout, argv.stderr) == (b"a b|$CONDA_DEFAULT_ENV|", b"")
+    plain = await collect(agent.exec("l3", "echo ${CONDA_DEFAULT_ENV:-none}", env=env))
+    assert plain.stdout == b"none\n"

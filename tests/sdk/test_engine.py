@@ -102,3 +102,25 @@ async def test_async_client_on_an_image_without_python_or_bash(
         await proc.write_stdin("exit 3\n")
         assert await proc.wait(timeout=20) == 3
         await proc.close()
+
+
+def test_login_shell_sources_a_guarded_bashrc_on_exec_and_pty(
+    orchard: Live, conda_image: str
+) -> None:
+    """SWE-bench-style images activate conda in a ``~/.bashrc`` that returns early unless the
+    shell is interactive: login_shell=True must see that environment, as upstream's did."""
+    url, key = orchard
+    probe = "echo $CONDA_DEFAULT_ENV; python"
+    with (
+        SandboxClient(base_url=url, api_key=key) as client,
+        client.create_sandbox(conda_image, memory="256Mi") as sandbox,
+    ):
+        login = sandbox.exec(probe, login_shell=True)
+        assert (login.stdout, login.stderr) == ("testbed\nconda-testbed-python\n", "")
+        joined = sandbox.exec(["echo", "$CONDA_DEFAULT_ENV", "&&", "python"], login_shell=True)
+        assert joined.stdout == "testbed\nconda-testbed-python\n"
+        plain = sandbox.exec("echo ${CONDA_DEFAULT_ENV:-none}")
+        assert plain.stdout == "none\n"
+        with sandbox.pty(["bash", "-c", probe], login_shell=True) as proc:
+            assert b"testbed\r\nconda-testbed-python" in proc.read_all(timeout=20)
+            assert proc.wait(timeout=10) == 0

@@ -14,7 +14,7 @@ import time
 
 from .fdio import write_fd
 from .http import HTTPError
-from .procs import Processes, exit_fields, spawn_failure
+from .procs import Processes, build_argv, exit_fields, spawn_failure
 
 DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024  # per stream, when the request names no cap
 READ_CHUNK = 64 * 1024
@@ -155,7 +155,8 @@ class Job:
 
     def start(
         self,
-        argv: list[str],
+        command: str | list[str],
+        login_shell: bool,
         cwd: str,
         env: dict[str, str],
         timeout: float | None,
@@ -166,6 +167,9 @@ class Job:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         in_r, in_w = os.pipe() if stdin is not None else (None, None)
+        argv = build_argv(command, login_shell, err_w)
+        # An interactive login bash gets its stderr on err_w, and /dev/null until then.
+        quiet = login_shell and argv[1] == "--login"
         try:
             proc = subprocess.Popen(
                 argv,
@@ -173,7 +177,8 @@ class Job:
                 env=env,
                 stdin=in_r if in_r is not None else subprocess.DEVNULL,
                 stdout=out_w,
-                stderr=err_w,
+                stderr=subprocess.DEVNULL if quiet else err_w,
+                pass_fds=(err_w,) if quiet else (),
                 start_new_session=True,
             )
         except OSError as exc:

@@ -78,17 +78,31 @@ def spawn_failure(exc: OSError, program: str, cwd: str) -> dict[str, Any]:
     return {"exit_code": 126, "error": f"cannot run {program}: {exc.strerror or exc}"}
 
 
-def build_argv(command: str | list[str], login_shell: bool) -> list[str]:
+SOURCE_BASHRC = "if [ -f ~/.bashrc ]; then . ~/.bashrc; fi\n"
+
+
+def build_argv(
+    command: str | list[str], login_shell: bool, stderr_fd: int | None = None
+) -> list[str]:
     """A string runs through bash (``/bin/sh`` where the image has no bash), as upstream's
-    agent did, so ``source`` and ``[[`` work; a list is an argv; a login shell wraps either."""
+    agent did, so ``source`` and ``[[`` work; a list is an argv.
+
+    A login shell is upstream's: an interactive login bash (profile scripts) that sources
+    ``~/.bashrc`` explicitly, so a ``.bashrc`` guarded against non-interactive shells
+    (``[ -z "$PS1" ] && return``, where images activate conda) still runs. Without a terminal
+    an interactive bash complains about job control on its stderr; given ``stderr_fd`` (the
+    command's real stderr, while fd 2 is /dev/null) the script moves stderr there first, so
+    that noise never reaches the output. Without bash it is ``sh -l -c``.
+    """
     shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
-    if login_shell:
-        if isinstance(command, str):
-            return [shell, "-l", "-c", command]
-        return [shell, "-l", "-c", 'exec "$@"', shell, *command]
-    if isinstance(command, str):
-        return [shell, "-c", command]
-    return list(command)
+    if not login_shell:
+        return [shell, "-c", command] if isinstance(command, str) else list(command)
+    script = command if isinstance(command, str) else 'exec "$@"'
+    args = [] if isinstance(command, str) else [shell, *command]
+    if shell != "/bin/bash":
+        return [shell, "-l", "-c", script, *args]
+    restore = "" if stderr_fd is None else f"exec 2>&{stderr_fd} {stderr_fd}>&-\n"
+    return [shell, "--login", "-i", "-c", restore + SOURCE_BASHRC + script, *args]
 
 
 def command_env(environ: dict[str, str], prefix: str) -> dict[str, str]:

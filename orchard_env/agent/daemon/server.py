@@ -26,7 +26,7 @@ from .http import (
     string_map,
 )
 from .jobs import DEFAULT_MAX_OUTPUT, Job, JobTable
-from .procs import Processes, build_argv, command_env, initial_environ, signal_group
+from .procs import Processes, command_env, initial_environ, signal_group
 from .pty import serve_pty
 
 AGENT_VERSION = "0.1.0"
@@ -190,8 +190,8 @@ class Agent:
         stdin = body.get("stdin")
         data = None if stdin is None else decode_b64(stdin, "stdin")
         job = self.jobs.add(job_id, fingerprint, max_output)
-        argv = build_argv(command, bool(body.get("login_shell")))
-        job.start(argv, cwd, env, float(timeout) if timeout else None, data)
+        login = bool(body.get("login_shell"))
+        job.start(command, login, cwd, env, float(timeout) if timeout else None, data)
         await self.stream_job(req, job)
 
     async def stream_job(self, req: Request, job: Job) -> None:
