@@ -131,12 +131,14 @@ async def test_stdin_is_fed_to_the_command(agent: AgentClient) -> None:
     assert no_stdin.stdout == b"" and no_stdin.exit.exit_code == 0
 
 
-async def test_output_is_capped_per_stream_and_flagged(agent: AgentClient) -> None:
-    command = "head -c 300000 /dev/zero; head -c 10 /dev/zero >&2; echo done >&2"
+async def test_output_past_the_cap_keeps_the_head_and_the_tail(agent: AgentClient) -> None:
+    command = "seq 1 100000; head -c 10 /dev/zero >&2; echo done >&2"
+    full = "".join(f"{n}\n" for n in range(1, 100001)).encode()
     result = await collect(agent.exec("j1", command, max_output_bytes=1000))
-    assert result.stdout == b"\0" * 1000
+    assert result.stdout == full[:500] + full[-500:]
     assert result.stderr == b"\0" * 10 + b"done\n"
     assert result.exit.truncated is True
+    assert result.exit.dropped == (len(full) - 1000, 0)
     assert result.exit.exit_code == 0  # the command was not blocked: the pipe was drained
     small = await collect(agent.exec("j2", "echo ok", max_output_bytes=1000))
     assert small.exit.truncated is False
@@ -378,3 +380,37 @@ async def test_login_shell_sources_a_guarded_bashrc_without_tty_noise(
     assert (argv.stdout, argv.stderr) == (b"a b|$CONDA_DEFAULT_ENV|", b"")
     plain = await collect(agent.exec("l3", "echo ${CONDA_DEFAULT_ENV:-none}", env=env))
     assert plain.stdout == b"none\n"
+
+
+async def test_big_outputs_spill_to_the_spool_not_the_agents_memory(
+    agent: AgentClient, agent_server: RunningAgent
+) -> None:
+    """Eight jobs of 40 MiB each under a 16 MiB cap: the agent's memory stays flat (the log
+    past a small budget and every tail live in unlinked spool files), and replays match."""
+    pid = agent_server.process.pid
+    before = status_kb(pid, "VmRSS")
+    command = "yes abcdefghijklmnopqrstuvwxyz | head -c 41943040"
+    results = await asyncio.gather(
+        *(collect(agent.exec(f"big{i}", command, max_output_bytes=16 << 20)) for i in range(8))
+    )
+    peak = status_kb(pid, "VmHWM")  # the agent's peak resident memory so far
+    for result in results:
+        assert len(result.stdout) == 16 << 20 and result.exit.dropped == ((40 - 16) << 20, 0)
+    assert peak - before < 48 * 1024, f"agent RSS grew from {before} kB to {peak} kB"
+    again = await collect(agent.attach("big3"))
+    assert again.stdout == results[3].stdout
+    files = open_files(pid)
+    spooled = [path for path in files if path.startswith("/var/tmp/")]
+    assert spooled and all(path.endswith("(deleted)") for path in spooled), files
+
+
+def open_files(pid: int) -> list[str]:
+    """What the descriptors of ``pid`` point at."""
+    return [str(fd.readlink()) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+
+
+def status_kb(pid: int, field: str) -> int:
+    """A kB figure (VmRSS, VmHWM) of /proc/<pid>/status."""
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith(field + ":"))
+    return int(line.split()[1])

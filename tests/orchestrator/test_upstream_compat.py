@@ -17,7 +17,7 @@ import json
 import time
 from typing import Any
 
-from tests.orchestrator.conftest import Connect, Service
+from tests.orchestrator.conftest import Connect, Service, StartService
 from tests.orchestrator.test_pty import frames_until_close, stdout_of
 
 PATCH = """\
@@ -383,3 +383,27 @@ async def test_pty_session_with_the_key_in_the_query(service: Service, ws_connec
         await ws.send(json.dumps({"type": "signal", "sig": "TERM"}))
         frames = await frames_until_close(ws)
     assert frames[-1] == {"type": "exit", "code": -15}  # negative: killed by that signal
+
+
+async def test_a_capped_log_keeps_its_end_in_the_text_upstream_reads(
+    start_service: StartService,
+) -> None:
+    """Upstream's ``JobResult`` reads ``stdout`` and ``status`` only (never ``truncated``): a
+    test log over the cap must still end with its summary, the cut marked in the text."""
+    service = await start_service(max_output_bytes=100)
+    sandbox_id = (await create(service, {"image": "python:3.11-slim", "block_network": True}))[
+        "sandbox_id"
+    ]
+    body = {
+        "command": "for i in $(seq 500); do echo test_$i PASSED; done; echo '1 failed, 499 passed'",
+        "timeout_seconds": None,
+        "cwd": None,
+        "env": None,
+        "login_shell": False,
+        "wait": True,
+    }
+    job = answer(await service.http.post(f"/sandboxes/{sandbox_id}/exec", json=body))
+    check_job(job)
+    assert job["stdout"].startswith("test_1 PASSED\n")
+    assert job["stdout"].endswith("test_500 PASSED\n1 failed, 499 passed\n")
+    assert "\n[... " in job["stdout"] and " bytes truncated ...]\n" in job["stdout"]

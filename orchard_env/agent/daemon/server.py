@@ -30,6 +30,7 @@ from .procs import Processes, command_env, initial_environ, signal_group
 from .pty import serve_pty
 
 AGENT_VERSION = "0.1.0"
+STREAM_CHUNK = 256 * 1024  # bytes of a job's event log sent per write
 DEFAULT_WORKDIR = "/workspace"
 
 
@@ -198,15 +199,15 @@ class Agent:
         """Replay the job's events from the start, follow live output, end with ``x``."""
         await req.discard_body()
         req.start_chunked("application/x-ndjson")
-        events = job.events
         sent = 0
         while True:
-            if sent < len(events):
-                end = len(events)
-                req.write_chunk(b"".join(events[sent:end]))
-                sent = end
+            chunk = job.log.read(sent, STREAM_CHUNK)
+            if chunk:
+                req.write_chunk(chunk)
+                sent += len(chunk)
                 await req.writer.drain()
-            elif job.done:
+            elif job.final is not None:
+                req.write_chunk(job.final)
                 break
             else:
                 await job.changed()
