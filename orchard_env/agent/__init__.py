@@ -31,7 +31,8 @@ Routes
     A string ``command`` runs as ``/bin/bash -c`` (``/bin/sh -c`` without bash), a list as an
     argv; ``login_shell`` uses an interactive login bash that sources ``~/.bashrc``
     (``sh -l -c`` without bash). Each command gets
-    its own session; a timeout or cancel SIGKILLs exactly its process group. Past half of
+    its own session and is a child subreaper; a timeout or cancel SIGKILLs its whole tree
+    (``setsid``/``nohup`` descendants and orphans included), nothing else. Past half of
     ``max_output_bytes`` a stream's output goes to a ring of the other half, sent after the
     command ended; ``dropped`` counts the bytes between head and tail (``truncated``). A
     missing ``cwd`` is a 400; a missing binary ends with exit code 127 and ``error`` naming

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -153,6 +154,47 @@ async def test_timeout_kills_the_whole_process_tree(agent: AgentClient) -> None:
     await poll_until(lambda: process_gone(grandchild), f"sleep {grandchild} is killed")
     # the agent itself is unharmed
     assert (await agent.health())["status"] == "ok"
+
+
+# Three ways out of a command's process group: setsid, nohup, and a double fork whose middle
+# process exits at once (its child is orphaned). Each prints its pid.
+ESCAPEES = (
+    "setsid sleep 300 >/dev/null 2>&1 & echo $!; "
+    "nohup sleep 301 >/dev/null 2>&1 & echo $!; "
+    "(setsid sleep 302 >/dev/null 2>&1 & echo $!); "
+)
+
+
+async def test_cancel_and_timeout_kill_setsid_nohup_and_orphaned_descendants(
+    agent: AgentClient,
+) -> None:
+    events = agent.exec("escape", ESCAPEES + "echo ready; sleep 300")
+    printed = b""
+    while b"ready" not in printed:
+        event = await anext(events)
+        assert isinstance(event, Output)
+        printed += event.data
+    pids = [int(line) for line in printed.split()[:3]]
+    assert not any(process_gone(pid) for pid in pids)
+    assert await agent.cancel("escape") is True
+    assert (await collect(events)).exit.cancelled
+    for pid in pids:
+        await poll_until(lambda pid=pid: process_gone(pid), f"descendant {pid} is killed")
+
+    timed = await collect(agent.exec("escape-timeout", ESCAPEES + "sleep 300", timeout=2))
+    assert timed.exit.timed_out
+    for pid in map(int, timed.stdout.split()):
+        await poll_until(lambda pid=pid: process_gone(pid), f"descendant {pid} is killed")
+
+
+async def test_background_processes_of_a_command_that_exits_stay(agent: AgentClient) -> None:
+    result = await collect(agent.exec("server", "setsid sleep 300 >/dev/null 2>&1 & echo $!"))
+    assert result.exit.exit_code == 0
+    server = int(result.stdout)
+    try:
+        assert not process_gone(server)  # e.g. a server the next turn talks to
+    finally:
+        os.kill(server, signal.SIGKILL)
 
 
 def oom_score_adj(pid: int) -> int:

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import time
 
 from .fdio import write_fd
 from .http import HTTPError
-from .procs import Processes, build_argv, exit_fields, spawn_failure
+from .procs import Processes, build_argv, exit_fields, kill_tree, spawn_failure
 from .spool import Budget, EventLog, TailRing, spool_dir
 
 DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024  # per stream, when the request names no cap
@@ -209,6 +207,7 @@ class Job:
                 stderr=subprocess.DEVNULL if quiet else err_w,
                 pass_fds=(err_w,) if quiet else (),
                 start_new_session=True,
+                preexec_fn=self.table.procs.preexec,
             )
         except OSError as exc:
             for fd in (out_r, err_r, in_w):
@@ -300,15 +299,15 @@ class Job:
             self._close_stream(index)
 
     def kill(self, reason: str) -> bool:
-        """SIGKILL the command's process group (timeout or cancel); False when already done."""
+        """SIGKILL everything the command started (timeout or cancel), ``setsid`` and
+        ``nohup`` descendants included; False when already done."""
         if self.done or self.pgid is None:
             return False
         if reason == "timeout":
             self.timed_out = True
         else:
             self.cancelled = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pgid, signal.SIGKILL)
+        kill_tree(self.pgid)
         return True
 
 
