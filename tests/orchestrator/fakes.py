@@ -39,6 +39,7 @@ from orchard_env.orchestrator.backends.base import (
     SandboxSpec,
     SandboxState,
     SnapshotImage,
+    not_your_snapshot,
 )
 
 HOST_AGENT = (sys.executable, "-I", "-m", "orchard_env.agent.daemon")  # the real agent
@@ -94,6 +95,8 @@ class AgentProcessBackend:
             )
         if spec.image.startswith(f"{SNAPSHOT_REPOSITORY}:") and spec.image not in self.snapshots:
             raise ImageNotFound(f"image {spec.image} is not present locally")
+        if spec.image in self.snapshots and spec.image.split(":", 1)[1] != spec.snapshot_id:
+            raise not_your_snapshot(spec.image)  # an engine checks the image's snapshot label
         if spec.sandbox_id in self.fail_creates:
             raise OrchardError(
                 f"the engine could not create sandbox {spec.sandbox_id!r}: "
@@ -155,6 +158,9 @@ class AgentProcessBackend:
         if copy is not None:
             await asyncio.to_thread(shutil.rmtree, copy)
         return True
+
+    def is_snapshot_image(self, image: str) -> bool:
+        return image.startswith(f"{SNAPSHOT_REPOSITORY}:")
 
     async def close(self) -> None:
         """Apps do not own this backend: its sandboxes outlive them (see :meth:`shutdown`)."""
