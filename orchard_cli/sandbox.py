@@ -176,7 +176,13 @@ def exec_(
         sandbox = client.get_sandbox(sandbox_id)
         final = None
         for event in sandbox.exec_stream(
-            argv, cwd=cwd, env=_pairs(env, "env"), timeout=timeout, login_shell=login, stdin=data
+            argv,
+            cwd=cwd,
+            env=_pairs(env, "env"),
+            timeout=timeout,
+            login_shell=login,
+            stdin=data,
+            shell=isinstance(argv, str),  # several words: an exact argv, as docker exec runs it
         ):
             if event.event == "stdout" and event.data:
                 sys.stdout.write(event.data)

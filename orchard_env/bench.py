@@ -154,11 +154,13 @@ def bench_exec(
     progress("creating a sandbox")
     with client.create_sandbox(image) as sandbox:
         for _ in range(10):
-            sandbox.exec(["true"], check=True)
+            sandbox.exec(["true"], check=True, shell=False)
         progress(f"timing {n} execs through Orchard")
         client_cpu = time.process_time()
         service_cpu = cpu_seconds(orchestrator_pid) if orchestrator_pid else 0.0
-        samples = [_timed(lambda: sandbox.exec(["true"], check=True)) for _ in range(n)]
+        samples = [
+            _timed(lambda: sandbox.exec(["true"], check=True, shell=False)) for _ in range(n)
+        ]
         result.stats["orchard exec"] = Stats.of(samples)
         result.figures["client CPU ms per exec"] = round(
             (time.process_time() - client_cpu) * 1000 / n, 2
@@ -174,7 +176,7 @@ def bench_exec(
             result.figures["ratio p50 (orchard / engine)"] = round(
                 result.stats["orchard exec"].p50 / result.stats["engine exec_run"].p50, 4
             )
-        memory = _agent_memory(sandbox.exec(["/bin/sh", "-c", _AGENT_PSS]).stdout)
+        memory = _agent_memory(sandbox.exec(["/bin/sh", "-c", _AGENT_PSS], shell=False).stdout)
         result.figures.update(memory)
     return result
 
@@ -221,7 +223,7 @@ def bench_create(
         progress(f"sandbox {i + 1}/{n}")
         started = time.perf_counter()
         sandbox = client.create_sandbox(image)
-        sandbox.exec(["true"], check=True)
+        sandbox.exec(["true"], check=True, shell=False)
         samples.append(time.perf_counter() - started)
         sandbox.delete()
     result.stats["create + first exec"] = Stats.of(samples)
@@ -375,7 +377,7 @@ async def _fork(
         result.stats["snapshot"] = Stats.of(snapshot_times)
 
         async def exec_able(sandbox: AsyncSandbox) -> None:
-            await sandbox.exec(["true"], check=True)
+            await sandbox.exec(["true"], check=True, shell=False)
 
         async def fresh() -> AsyncSandbox:
             sandbox = await client.create_sandbox(image, labels=labels)

@@ -24,6 +24,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 # --- validation helpers ------------------------------------------------------------------
@@ -272,9 +273,10 @@ def null_is_default(cls: type[BaseModel], value: Any, info: ValidationInfo) -> A
     return value
 
 
-def command_text(command: str | list[str]) -> str:
-    """How a command is shown and stored: lists are shell-quoted, never joined lossily."""
-    return command if isinstance(command, str) else shlex.join(command)
+def shell_command(command: str | list[str]) -> str:
+    """The shell text a ``command`` runs as: a list is joined with spaces, as upstream's agent
+    joined it, so ``["ls", "*.py"]`` globs and ``["echo hi && echo there"]`` is one line."""
+    return command if isinstance(command, str) else " ".join(command)
 
 
 def epoch_seconds(value: datetime) -> float:
@@ -496,9 +498,11 @@ class JobStatus(StrEnum):
 class ExecRequest(RequestModel):
     """``POST /sandboxes/{id}/exec`` (and ``/exec/stream``).
 
-    ``command`` as a string runs through ``/bin/sh -c`` (bash for ``login_shell``); a list is
-    an argv run directly. ``job_id`` makes the submission idempotent: the same id submitted
-    again returns the existing job and never runs the command twice.
+    ``command`` runs through bash (``/bin/sh`` in images without bash), as upstream's agent
+    ran it; a list is joined with spaces first, as upstream joined it. ``argv`` (an Orchard
+    extension, instead of ``command``) runs an exact argv with no shell in between.
+    ``job_id`` makes the submission idempotent: the same id submitted again returns the
+    existing job and never runs the command twice.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -506,7 +510,8 @@ class ExecRequest(RequestModel):
     command: (
         Command
         | Annotated[list[Text], Field(max_length=MAX_ARGV_ITEMS, json_schema_extra={"minItems": 1})]
-    )
+        | None
+    ) = Field(default=None, description="shell text; a list is joined with spaces (as upstream)")
     timeout_seconds: int = Field(
         default=300,
         ge=1,
@@ -518,18 +523,43 @@ class ExecRequest(RequestModel):
     login_shell: bool = False
     wait: bool = False
     # Orchard extensions
+    argv: Annotated[list[Text], Field(min_length=1, max_length=MAX_ARGV_ITEMS)] | None = Field(
+        default=None, description="an exact argv run with no shell, instead of command"
+    )
     job_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[\w.-]+$")
     stdin: str | None = None
     max_output_bytes: int | None = Field(default=None, ge=0, le=MAX_OUTPUT_CAP_BYTES)
 
     @field_validator("command")
     @classmethod
-    def _command(cls, v: str | list[str]) -> str | list[str]:
-        if (isinstance(v, str) and not v.strip()) or (isinstance(v, list) and not v):
+    def _command(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if v is None:
+            return v
+        if not shell_command(v).strip():
             raise ValueError("command is empty")
         for part in [v] if isinstance(v, str) else v:
             check_no_nul(part, "command")
         return v
+
+    @model_validator(mode="after")
+    def _one_command(self) -> ExecRequest:
+        if (self.command is None) == (self.argv is None):
+            raise ValueError(
+                "give exactly one of command (shell text, or a list joined with spaces) "
+                "and argv (an exact argv run without a shell)"
+            )
+        return self
+
+    @property
+    def agent_command(self) -> str | list[str]:
+        """What the agent runs: shell text (a string) or an exact argv (a list)."""
+        return self.argv if self.argv is not None else shell_command(self.command or "")
+
+    @property
+    def text(self) -> str:
+        """How the command is shown and stored (``Job.command``): the shell text as it runs,
+        an exact argv shell-quoted."""
+        return shlex.join(self.argv) if self.argv is not None else shell_command(self.command or "")
 
     _nulls = field_validator("timeout_seconds", "env", mode="before")(null_is_default)
 

@@ -30,16 +30,20 @@ Routes
 
     * ``{"t": "o", "d": <base64 stdout chunk>}`` / ``{"t": "e", "d": <base64 stderr chunk>}``
     * then ``{"t": "x", "exit_code": int|null, "signal": int|null, "timed_out": bool,
-      "cancelled": bool, "truncated": bool, "error": str|null, "duration": float}``
+      "cancelled": bool, "truncated": bool, "dropped": [int, int], "error": str|null,
+      "duration": float}``
     * last: ``{"t": "p", "mac"}``, the proof over every byte of the stream before it
 
     A string ``command`` runs as ``/bin/bash -c`` (``/bin/sh -c`` without bash), a list as an
-    argv; ``login_shell`` uses ``bash -l -c`` (``sh -l -c`` without bash). Each command gets
-    its own session; a timeout or cancel SIGKILLs exactly its process group. Output past
-    ``max_output_bytes`` per stream is read and dropped (``truncated``). A missing ``cwd`` is
-    a 400; a missing binary ends with exit code 127 and ``error`` naming it. The agent
-    environment (with the enrolled ``env``) reaches the command without the agent's own
-    variables, plus the request's ``env``.
+    argv; ``login_shell`` uses an interactive login bash that sources ``~/.bashrc``
+    (``sh -l -c`` without bash). Each command gets
+    its own session and is a child subreaper; a timeout or cancel SIGKILLs its whole tree
+    (``setsid``/``nohup`` descendants and orphans included), nothing else. Past half of
+    ``max_output_bytes`` a stream's output goes to a ring of the other half, sent after the
+    command ended; ``dropped`` counts the bytes between head and tail (``truncated``). A
+    missing ``cwd`` is a 400; a missing binary ends with exit code 127 and ``error`` naming
+    it. The agent environment (with the enrolled ``env``) reaches the command without the
+    agent's own variables, plus the request's ``env``.
 
     Idempotency: a ``job_id`` the agent knows (running, or finished within the last hour) is
     never run again: the same request attaches, replaying the output from the start, then

@@ -58,8 +58,9 @@ class Exit:
 
     ``timed_out``: the agent killed it at its timeout (distinct from a command exiting 124);
     ``cancelled``: killed by :meth:`AgentClient.cancel`; ``truncated``: output went over
-    ``max_output_bytes`` on a stream; ``error``: it could not be started (e.g. the binary does
-    not exist, with exit code 127).
+    ``max_output_bytes`` on a stream; ``dropped``: bytes (stdout, stderr) the agent cut out
+    between a stream's head and its tail; ``error``: it could not be started (e.g. the binary
+    does not exist, with exit code 127).
     """
 
     exit_code: int | None
@@ -69,9 +70,21 @@ class Exit:
     truncated: bool
     error: str | None
     duration: float
+    dropped: tuple[int, int] = (0, 0)
 
 
 AgentEvent = Output | Exit
+
+
+def _dropped(value: Any) -> tuple[int, int]:
+    """The exit event's ``dropped`` (absent from older agents): two non-negative counts."""
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value)
+    ):
+        return (value[0], value[1])
+    return (0, 0)
 
 
 class FileStream:
@@ -455,6 +468,7 @@ class AgentClient:
                     truncated=bool(event["truncated"]),
                     error=event["error"],
                     duration=float(event["duration"]),
+                    dropped=_dropped(event.get("dropped")),
                 )
             stream = _STREAMS[event["t"]]
             data = base64.b64decode(event["d"], validate=True)

@@ -67,6 +67,18 @@ READY_GATE_SECONDS = 15.0
 TOUCH_PERSIST_SECONDS = 5.0
 """Activity is written at most this often per sandbox (heartbeats always write)."""
 _DEAD_STATES = (SandboxState.EXITED, SandboxState.FAILED)
+MEMORY_PER_PID = 1024 * 1024
+"""A sandbox may run one process per MiB of its memory limit (at least MIN_PIDS, at most the
+``pids_limit`` setting), so a fork bomb runs out of process slots before it runs the sandbox
+out of memory and starves the agent."""
+MIN_PIDS = 128
+
+
+def pids_for(memory_bytes: int, ceiling: int) -> int:
+    """The process limit that fits a sandbox's memory limit (see :data:`MEMORY_PER_PID`)."""
+    return min(ceiling, max(MIN_PIDS, memory_bytes // MEMORY_PER_PID))
+
+
 SETTLED_STATUSES = frozenset({SandboxStatus.READY, SandboxStatus.FAILED, SandboxStatus.DELETED})
 
 
@@ -340,7 +352,7 @@ class SandboxService:
             owner=record.owner,
             env=record.env,
             labels=record.labels,
-            pids_limit=self.settings.pids_limit,
+            pids_limit=pids_for(record.memory_bytes, self.settings.pids_limit),
             ttl_seconds=record.ttl_seconds or None,
             record_annotation=record.annotation(),
             snapshot_id=record.source_snapshot,

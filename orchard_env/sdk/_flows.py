@@ -280,8 +280,18 @@ def exec_request(
     job_id: str | None,
     wait: bool,
     check: bool,
+    shell: bool = True,
 ) -> protocol.ExecRequest:
-    """The request exec and exec_stream send; always carries a client-chosen job id."""
+    """The request exec and exec_stream send; always carries a client-chosen job id.
+
+    ``shell=False`` sends a list as ``argv`` (an exact argv, no shell); otherwise it is
+    ``command``, which a list reaches joined with spaces, as upstream ran it.
+    """
+    if not shell and not isinstance(command, list):
+        raise errors.InvalidRequest(
+            "shell=False needs the command as a list (an exact argv)",
+            hint='e.g. exec(["ls", "-l", "my file"], shell=False); a string is shell text',
+        )
     if check and not wait:
         raise errors.InvalidRequest(
             "check=True needs wait=True: a job still running has no exit code to check",
@@ -297,7 +307,8 @@ def exec_request(
             ) from None
     return build(
         protocol.ExecRequest,
-        command=command,
+        command=command if shell else None,
+        argv=None if shell else command,
         timeout_seconds=whole_seconds(300 if timeout is None else timeout),
         cwd=cwd,
         env=dict(env or {}),

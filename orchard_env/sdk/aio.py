@@ -358,6 +358,7 @@ class AsyncSandbox(SandboxBase):
         stdin: str | bytes | None = None,
         check: bool = False,
         job_id: str | None = None,
+        shell: bool = True,
         pty: Literal[False] = False,
     ) -> ExecResult: ...
 
@@ -390,6 +391,7 @@ class AsyncSandbox(SandboxBase):
         stdin: str | bytes | None = None,
         check: bool = False,
         job_id: str | None = None,
+        shell: bool = True,
         pty: bool = False,
         rows: int = 24,
         cols: int = 80,
@@ -409,6 +411,7 @@ class AsyncSandbox(SandboxBase):
             job_id=job_id,
             wait=wait,
             check=check,
+            shell=shell,
         )
         result = await self._client._run(
             flows.exec_command(self._core, self.sandbox_id, request, poll_interval=poll_interval)
@@ -427,6 +430,7 @@ class AsyncSandbox(SandboxBase):
         *,
         stdin: str | bytes | None = None,
         job_id: str | None = None,
+        shell: bool = True,
     ) -> AsyncIterator[protocol.ExecEvent]:
         """See :meth:`Sandbox.exec_stream`; iterate with ``async for``."""
         request = flows.exec_request(
@@ -439,6 +443,7 @@ class AsyncSandbox(SandboxBase):
             job_id=job_id,
             wait=False,
             check=False,
+            shell=shell,
         )
         return self._client._exec_events(self.sandbox_id, request)
 
@@ -455,11 +460,12 @@ class AsyncSandbox(SandboxBase):
         stdin: str | bytes | None = None,
         check: bool = False,
         job_id: str | None = None,
+        shell: bool = True,
     ) -> ExecResult:
         """See :meth:`Sandbox.exec_streamed`."""
         final: protocol.Job | None = None
         async for event in self.exec_stream(
-            command, timeout, cwd, env, login_shell, stdin=stdin, job_id=job_id
+            command, timeout, cwd, env, login_shell, stdin=stdin, job_id=job_id, shell=shell
         ):
             if event.event == "stdout":
                 emit(stdout or sys.stdout, event.data)

@@ -389,6 +389,7 @@ class Sandbox(SandboxBase):
         stdin: str | bytes | None = None,
         check: bool = False,
         job_id: str | None = None,
+        shell: bool = True,
         pty: Literal[False] = False,
     ) -> ExecResult: ...
 
@@ -421,12 +422,15 @@ class Sandbox(SandboxBase):
         stdin: str | bytes | None = None,
         check: bool = False,
         job_id: str | None = None,
+        shell: bool = True,
         pty: bool = False,
         rows: int = 24,
         cols: int = 80,
     ) -> ExecResult | PtyProcess:
-        """Run a command: a string through ``/bin/sh -c`` (bash with ``login_shell``), a list
-        as argv. Returns when it has finished (``wait=False``: at once, with the queued job).
+        """Run a command through bash (``/bin/sh`` in images without it), as upstream does: a
+        list is joined with spaces first (``["ls", "*.py"]`` globs). ``shell=False`` runs a
+        list as an exact argv instead, with no shell. Returns when it has finished
+        (``wait=False``: at once, with the queued job).
 
         The command runs exactly once even if the connection drops: the SDK picks the job id
         and retries name the same job. ``check=True`` raises CommandFailed unless it
@@ -446,6 +450,7 @@ class Sandbox(SandboxBase):
             job_id=job_id,
             wait=wait,
             check=check,
+            shell=shell,
         )
         result = self._client._run(
             flows.exec_command(self._core, self.sandbox_id, request, poll_interval=poll_interval)
@@ -464,6 +469,7 @@ class Sandbox(SandboxBase):
         *,
         stdin: str | bytes | None = None,
         job_id: str | None = None,
+        shell: bool = True,
     ) -> Iterator[protocol.ExecEvent]:
         """Run a command and yield its output as it happens.
 
@@ -481,6 +487,7 @@ class Sandbox(SandboxBase):
             job_id=job_id,
             wait=False,
             check=False,
+            shell=shell,
         )
         return self._client._exec_events(self.sandbox_id, request)
 
@@ -497,6 +504,7 @@ class Sandbox(SandboxBase):
         stdin: str | bytes | None = None,
         check: bool = False,
         job_id: str | None = None,
+        shell: bool = True,
     ) -> ExecResult:
         """Like :meth:`exec`, but output goes to ``stdout``/``stderr`` as it arrives.
 
@@ -504,7 +512,7 @@ class Sandbox(SandboxBase):
         """
         final: protocol.Job | None = None
         for event in self.exec_stream(
-            command, timeout, cwd, env, login_shell, stdin=stdin, job_id=job_id
+            command, timeout, cwd, env, login_shell, stdin=stdin, job_id=job_id, shell=shell
         ):
             if event.event == "stdout":
                 emit(stdout or sys.stdout, event.data)

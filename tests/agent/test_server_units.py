@@ -26,12 +26,20 @@ def test_build_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     assert procs.build_argv(["ls", "-l"], False) == ["ls", "-l"]
     monkeypatch.setattr(os.path, "exists", lambda path: path == "/bin/bash")
     assert procs.build_argv("echo hi", False) == ["/bin/bash", "-c", "echo hi"]
-    assert procs.build_argv("echo hi", True) == ["/bin/bash", "-l", "-c", "echo hi"]
-    assert procs.build_argv(["ls", "a b"], True) == [
+    source = "if [ -f ~/.bashrc ]; then . ~/.bashrc; fi\n"
+    assert procs.build_argv("echo hi", True) == [
         "/bin/bash",
-        "-l",
+        "--login",
+        "-i",
         "-c",
-        'exec "$@"',
+        source + "echo hi",
+    ]
+    assert procs.build_argv(["ls", "a b"], True, 7) == [
+        "/bin/bash",
+        "--login",
+        "-i",
+        "-c",
+        "exec 2>&7 7>&-\n" + source + 'exec "$@"',
         "/bin/bash",
         "ls",
         "a b",

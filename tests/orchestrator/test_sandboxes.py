@@ -7,6 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
+from orchard_env.orchestrator.sandboxes import pids_for
 from tests.orchestrator.conftest import Service, StartService
 from tests.orchestrator.fakes import CRASH_IMAGE, HANG_IMAGE, MISSING_IMAGE, AgentProcessBackend
 
@@ -260,3 +261,13 @@ async def test_heartbeat_extends_expiry(service: Service, clock: Any) -> None:
     body = response.json()
     assert (body["status"], body["sandbox_id"]) == ("ok", "beat")
     assert body["expires_at"] > info["expires_at"] + 599
+
+
+def test_the_process_limit_fits_the_memory_limit() -> None:
+    assert [pids_for(mib << 20, 4096) for mib in (16, 64, 512, 2048, 16384)] == [
+        128,
+        128,
+        512,
+        2048,
+        4096,
+    ]

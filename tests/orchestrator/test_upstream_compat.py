@@ -17,7 +17,7 @@ import json
 import time
 from typing import Any
 
-from tests.orchestrator.conftest import Connect, Service
+from tests.orchestrator.conftest import Connect, Service, StartService
 from tests.orchestrator.test_pty import frames_until_close, stdout_of
 
 PATCH = """\
@@ -168,18 +168,33 @@ async def test_exec_waits_server_side(service: Service) -> None:
     check_job(job)
     assert (job["status"], job["stdout"]) == ("succeeded", f"1\n{cwd}\n")
 
-    # A list command is one argv (upstream joined it with spaces).
-    body = {
-        "command": ["python3", "-c", "print(2 + 2)"],
-        "timeout_seconds": None,
-        "cwd": None,
-        "env": None,
-        "login_shell": False,
-        "wait": True,
-    }
-    job = answer(await service.http.post(url, json=body))
+    # A list command is joined with spaces and run through bash, as upstream ran it: globs,
+    # operators and redirections inside it work.
+    def listed(command: list[str]) -> dict[str, Any]:
+        return {
+            "command": command,
+            "timeout_seconds": None,
+            "cwd": cwd,
+            "env": None,
+            "login_shell": False,
+            "wait": True,
+        }
+
+    job = answer(await service.http.post(url, json=listed(["echo", "hi", ">", "a.py"])))
     check_job(job)
-    assert (job["status"], job["stdout"]) == ("succeeded", "4\n")
+    assert (job["status"], job["stdout"], job["command"]) == ("succeeded", "", "echo hi > a.py")
+    job = answer(await service.http.post(url, json=listed(["ls", "*.py"])))
+    assert (job["status"], job["stdout"]) == ("succeeded", "a.py\n")
+    job = answer(await service.http.post(url, json=listed(["echo hi && echo there"])))
+    assert (job["status"], job["stdout"]) == ("succeeded", "hi\nthere\n")
+
+    # Orchard's argv runs exactly, with no shell.
+    exact = {"argv": ["ls", "*.py"], "cwd": cwd, "wait": True}
+    job = answer(await service.http.post(url, json=exact))
+    assert (job["status"], job["command"]) == ("failed", "ls '*.py'")
+    assert "*.py" in job["stderr"] and job["stdout"] == ""
+    both = await service.http.post(url, json={**exact, "command": "ls"})
+    assert both.status_code == 400 and "exactly one of command" in both.text
 
 
 async def test_failures_and_timeouts_end_as_failed(service: Service) -> None:
@@ -212,7 +227,10 @@ async def test_failures_and_timeouts_end_as_failed(service: Service) -> None:
     timed_out = answer(await service.http.post(url, json=body))
     check_job(timed_out)
     assert timed_out["status"] == "failed"
-    assert isinstance(timed_out["error"], str) and timed_out["timed_out"] is True
+    # Upstream's report: GNU timeout's exit code, its message, and a note on stderr.
+    assert (timed_out["exit_code"], timed_out["error"]) == (124, "Command timed out after 1s")
+    assert timed_out["stderr"].endswith("Command timed out after 1s\n")
+    assert timed_out["timed_out"] is True
 
 
 async def test_exec_without_wait_then_polling_and_job_wait(service: Service) -> None:
@@ -365,3 +383,27 @@ async def test_pty_session_with_the_key_in_the_query(service: Service, ws_connec
         await ws.send(json.dumps({"type": "signal", "sig": "TERM"}))
         frames = await frames_until_close(ws)
     assert frames[-1] == {"type": "exit", "code": -15}  # negative: killed by that signal
+
+
+async def test_a_capped_log_keeps_its_end_in_the_text_upstream_reads(
+    start_service: StartService,
+) -> None:
+    """Upstream's ``JobResult`` reads ``stdout`` and ``status`` only (never ``truncated``): a
+    test log over the cap must still end with its summary, the cut marked in the text."""
+    service = await start_service(max_output_bytes=100)
+    sandbox_id = (await create(service, {"image": "python:3.11-slim", "block_network": True}))[
+        "sandbox_id"
+    ]
+    body = {
+        "command": "for i in $(seq 500); do echo test_$i PASSED; done; echo '1 failed, 499 passed'",
+        "timeout_seconds": None,
+        "cwd": None,
+        "env": None,
+        "login_shell": False,
+        "wait": True,
+    }
+    job = answer(await service.http.post(f"/sandboxes/{sandbox_id}/exec", json=body))
+    check_job(job)
+    assert job["stdout"].startswith("test_1 PASSED\n")
+    assert job["stdout"].endswith("test_500 PASSED\n1 failed, 499 passed\n")
+    assert "\n[... " in job["stdout"] and " bytes truncated ...]\n" in job["stdout"]

@@ -129,8 +129,14 @@ def test_exec_stream_and_streamed(live: Live) -> None:
         assert text == {"stdout": "out\n", "stderr": "err\n"}
         assert events[-1].job is not None and events[-1].job.exit_code == 3
         out: list[str] = []
-        result = sandbox.exec_streamed(["printf", "%s|", "a b", "c"], stdout=out.append)
+        result = sandbox.exec_streamed(
+            ["printf", "%s|", "a b", "c"], stdout=out.append, shell=False
+        )
         assert "".join(out) == "a b|c|" and result.succeeded
+        joined = sandbox.exec(["printf", "'%s|'", "a b", "c", ">&2"])
+        assert (joined.stdout, joined.stderr) == ("", "a|b|c|")
+        with pytest.raises(errors.InvalidRequest, match="shell=False needs the command as a list"):
+            sandbox.exec("true", shell=False)
 
 
 def test_pty_session(live: Live) -> None:

@@ -26,11 +26,12 @@ from .http import (
     string_map,
 )
 from .jobs import DEFAULT_MAX_OUTPUT, Job, JobTable
-from .procs import Processes, build_argv, command_env, initial_environ, signal_group
+from .procs import Processes, command_env, initial_environ, signal_group
 from .pty import serve_pty
 
 AGENT_VERSION = "0.1.0"
 MAX_ENROLL_BODY = 1024 * 1024
+STREAM_CHUNK = 256 * 1024  # bytes of a job's event log sent per write
 DEFAULT_WORKDIR = "/workspace"
 
 
@@ -227,23 +228,23 @@ class Agent:
         stdin = body.get("stdin")
         data = None if stdin is None else decode_b64(stdin, "stdin")
         job = self.jobs.add(job_id, fingerprint, max_output)
-        argv = build_argv(command, bool(body.get("login_shell")))
-        job.start(argv, cwd, env, float(timeout) if timeout else None, data)
+        login = bool(body.get("login_shell"))
+        job.start(command, login, cwd, env, float(timeout) if timeout else None, data)
         await self.stream_job(req, job)
 
     async def stream_job(self, req: Request, job: Job) -> None:
         """Replay the job's events from the start, follow live output, end with ``x``."""
         await req.discard_body()
         req.start_chunked("application/x-ndjson")
-        events = job.events
         sent = 0
         while True:
-            if sent < len(events):
-                end = len(events)
-                req.write_chunk(b"".join(events[sent:end]))
-                sent = end
+            chunk = job.log.read(sent, STREAM_CHUNK)
+            if chunk:
+                req.write_chunk(chunk)
+                sent += len(chunk)
                 await req.writer.drain()
-            elif job.done:
+            elif job.final is not None:
+                req.write_chunk(job.final)
                 break
             else:
                 await job.changed()
