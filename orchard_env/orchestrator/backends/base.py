@@ -12,6 +12,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+from orchard_env.protocol import NodeResources, SandboxPod
+
 
 class Capability(StrEnum):
     NETWORK_ISOLATION = "network_isolation"
@@ -84,6 +86,16 @@ class SnapshotImage:
     size_bytes: int  # what it adds on top of the image the sandbox ran (its own layer)
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """What a backend's substrate offers, for ``GET /resources``."""
+
+    nodes: list[NodeResources]  # the machines sandboxes can run on
+    # Every live pod in the sandbox namespace with its requests, where the backend sees them
+    # (Kubernetes); None where the orchestrator's records are the only view (local engine).
+    pods: list[SandboxPod] | None = None
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Lifecycle of sandboxes on one substrate.
@@ -103,6 +115,8 @@ class Backend(Protocol):
       :class:`~orchard_env.errors.NotSupported`) commits a running sandbox's filesystem,
       without the agent's mounts, to an image; running processes are not part of it. A
       restore is a ``create`` whose ``SandboxSpec.image`` is the snapshot's ``ref``.
+    * ``capacity`` reports the nodes sandboxes can run on (capacity and allocatable) and,
+      where the substrate knows them, the requests of the pods there.
     * ``delete_snapshot`` removes a snapshot's image and returns True once it is gone
       (already gone included), or False while the engine still refuses because something
       uses it (the caller retries later). It never removes anything that uses the image.
@@ -124,5 +138,7 @@ class Backend(Protocol):
     ) -> SnapshotImage: ...
 
     async def delete_snapshot(self, ref: str) -> bool: ...
+
+    async def capacity(self) -> Capacity: ...
 
     async def close(self) -> None: ...

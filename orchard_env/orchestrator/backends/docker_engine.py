@@ -54,11 +54,12 @@ from orchard_env.orchestrator.backends.base import (
     AgentEndpoint,
     BackendSandbox,
     Capability,
+    Capacity,
     SandboxSpec,
     SandboxState,
     SnapshotImage,
 )
-from orchard_env.protocol import check_sandbox_id
+from orchard_env.protocol import NodeResources, ResourceAmounts, check_sandbox_id
 
 LABEL_CREATED_BY = "orchard.created-by"
 LABEL_INSTANCE = "orchard.instance"
@@ -537,6 +538,18 @@ class DockerEngineBackend:
 
     async def delete_snapshot(self, ref: str) -> bool:
         return await self._call(self._delete_snapshot, ref)
+
+    def _capacity(self) -> Capacity:
+        """The engine's machine, as the engine reports it (it may be remote: DOCKER_HOST)."""
+        info: dict[str, Any] = self._client.info()
+        amounts = ResourceAmounts(
+            cpu=float(info.get("NCPU") or 1), memory_bytes=int(info.get("MemTotal") or 0)
+        )
+        name = str(info.get("Name") or "engine")
+        return Capacity(nodes=[NodeResources(name=name, capacity=amounts, allocatable=amounts)])
+
+    async def capacity(self) -> Capacity:
+        return await self._call(self._capacity)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._client.close)

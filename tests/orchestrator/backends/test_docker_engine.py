@@ -369,3 +369,14 @@ async def test_create_until_agent_ready_is_fast(
         f"max {max(seconds):.3f}s over {len(seconds)}"
     )
     assert statistics.median(seconds) < 2.0
+
+
+async def test_capacity_is_the_engine_machine(backend: DockerEngineBackend) -> None:
+    """What the engine reports as its machine (it may be remote): cores and memory."""
+    info = await asyncio.to_thread(backend._client.info)
+    capacity = await backend.capacity()
+    (node,) = capacity.nodes
+    assert node.name == info["Name"] and capacity.pods is None
+    assert node.capacity.cpu == float(info["NCPU"]) >= 1
+    assert node.capacity.memory_bytes == info["MemTotal"] > 0
+    assert node.allocatable == node.capacity
