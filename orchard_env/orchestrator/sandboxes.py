@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from orchard_env.config import ServiceSettings
 from orchard_env.errors import (
+    InvalidRequest,
     LimitExceeded,
     SandboxExists,
     SandboxNotFound,
@@ -154,8 +155,13 @@ class SandboxService:
                 hint="delete it and create a new one",
             )
 
-    async def get(self, sandbox_id: str, caller: Caller) -> SandboxInfo:
-        return (await self.get_record(sandbox_id, caller)).to_info(self.settings)
+    async def get(
+        self, sandbox_id: str, caller: Caller, *, include_deleted: bool = False
+    ) -> SandboxInfo:
+        record = await self.get_record(sandbox_id, caller)
+        if record.status == SandboxStatus.DELETED and not include_deleted:
+            self._require_live(record)
+        return record.to_info(self.settings)
 
     async def list(
         self,
@@ -199,6 +205,16 @@ class SandboxService:
             )
         return cpu, memory
 
+    def _ready_timeout(self, requested: int | None) -> int:
+        limit = self.settings.max_ready_timeout_seconds
+        if requested is not None and requested > limit:
+            raise InvalidRequest(
+                f"timeout: {requested} s is above this service's limit of {limit} s for a "
+                "sandbox to become ready",
+                hint="ask for less, or raise the limit with ORCHARD_MAX_READY_TIMEOUT_SECONDS",
+            )
+        return requested or min(self.settings.ready_timeout_seconds, limit)
+
     async def create(
         self,
         request: CreateSandboxRequest,
@@ -222,9 +238,11 @@ class SandboxService:
             labels=request.labels,
             owner=caller.owner,
             created_at=now,
-            ready_timeout_seconds=request.timeout or self.settings.ready_timeout_seconds,
+            ready_timeout_seconds=self._ready_timeout(request.timeout),
             ttl_seconds=request.ttl_seconds or self.settings.sandbox_ttl_seconds,
-            idle_timeout_seconds=request.idle_timeout_seconds or self.settings.idle_timeout_seconds,
+            # Upstream's clients never heartbeat and upstream never idle-expired them: idle
+            # expiry starts with the first heartbeat unless the request asked for it.
+            idle_timeout_seconds=request.idle_timeout_seconds or 0,
             last_activity_at=now,
             backend=self.backend.name,
             source_snapshot=source_snapshot,
@@ -267,6 +285,7 @@ class SandboxService:
             labels=record.labels,
             pids_limit=self.settings.pids_limit,
             ttl_seconds=record.ttl_seconds or None,
+            ready_timeout_seconds=record.ready_timeout_seconds,
             record_annotation=record.annotation(),
         )
         try:
@@ -290,7 +309,9 @@ class SandboxService:
         if found.state in _DEAD_STATES:
             ended = await self.end(record.sandbox_id, SandboxStatus.FAILED, dead_reason(found))
             return ended or updated
-        self._start_readiness(record.sandbox_id, record.ready_timeout_seconds)
+        # One deadline for the whole start (an image pull included): the request's timeout.
+        remaining = (record.ready_deadline() - self.clock()).total_seconds()
+        self._start_readiness(record.sandbox_id, max(remaining, 1.0))
         return updated
 
     # --- readiness -----------------------------------------------------------------------------
@@ -426,6 +447,12 @@ class SandboxService:
     async def heartbeat(self, sandbox_id: str, caller: Caller) -> HeartbeatResponse:
         record = await self.get_record(sandbox_id, caller)
         self._require_live(record)
+        if record.idle_timeout_seconds == 0 and self.settings.idle_timeout_seconds:
+            # The first heartbeat: this client keeps its sandbox alive, so idle expiry applies.
+            opted = await self._transition(
+                sandbox_id, LIVE_STATUSES, idle_timeout_seconds=self.settings.idle_timeout_seconds
+            )
+            record = opted or record
         record = await self.touch(sandbox_id, force=True) or record
         return HeartbeatResponse(sandbox_id=sandbox_id, expires_at=record.expires_at())
 

@@ -60,6 +60,8 @@ class SandboxSpec:
     labels: dict[str, str] = field(default_factory=dict)  # the user's labels
     pids_limit: int = 4096
     ttl_seconds: int | None = None  # lifetime cap; the orchestrator's reaper enforces it
+    # How long the whole start may take, an image pull included (None: the service's default).
+    ready_timeout_seconds: int | None = None
     # Serialised orchestrator record kept on the container/pod so a restart with lost
     # state can adopt it without guessing (see reconciliation).
     record_annotation: str | None = None

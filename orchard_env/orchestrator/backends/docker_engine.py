@@ -194,7 +194,7 @@ class DockerEngineBackend:
         pull_stall_timeout: float = 10.0,
     ) -> None:
         """``pull_stall_timeout``: a pull that reports no progress for this long fails
-        (whole pulls are capped by ``settings.ready_timeout_seconds``)."""
+        (a whole pull is capped by the sandbox's ready timeout)."""
         if not _INSTANCE_RE.match(settings.instance):
             raise errors.ConfigError(
                 f"instance {settings.instance!r} cannot be part of a container name",
@@ -277,7 +277,7 @@ class DockerEngineBackend:
 
     # -- images ---------------------------------------------------------------------------
 
-    def _ensure_image(self, image: str) -> None:
+    def _ensure_image(self, image: str, timeout: int | None = None) -> None:
         try:
             self._client.images.get(image)
         except docker.errors.ImageNotFound:
@@ -286,7 +286,7 @@ class DockerEngineBackend:
                     f"snapshot image {image!r} is no longer on this machine's engine",
                     hint="it was removed outside Orchard; take a new snapshot",
                 ) from None
-            reason = self._pull(image)
+            reason = self._pull(image, timeout or self._settings.ready_timeout_seconds)
             if reason is not None:
                 raise errors.ImageNotFound(
                     f"image {image!r} is not on this machine's engine and could not be "
@@ -296,9 +296,9 @@ class DockerEngineBackend:
                     "the default images here",
                 ) from None
 
-    def _pull(self, image: str) -> str | None:
+    def _pull(self, image: str, timeout: int) -> str | None:
         """Pull ``image``; None on success, else the engine's reason. Fails fast: no progress
-        for ``pull_stall_timeout`` seconds, or a pull longer than the ready timeout."""
+        for ``pull_stall_timeout`` seconds, or a pull longer than ``timeout`` seconds."""
         # The SDK's own pull waits forever (timeout=None); this is the same request, bounded.
         api = self._client.api
         repository, tag = docker.utils.parse_repository_tag(image)
@@ -309,7 +309,7 @@ class DockerEngineBackend:
             headers["X-Registry-Auth"] = auth_header
         url = f"{api.base_url}/v{api.api_version}/images/create"
         params = {"fromImage": repository, "tag": tag or "latest"}
-        deadline = time.monotonic() + self._settings.ready_timeout_seconds
+        deadline = time.monotonic() + timeout
         try:
             with api.post(
                 url, params=params, headers=headers, stream=True, timeout=self._pull_stall_timeout
@@ -322,7 +322,9 @@ class DockerEngineBackend:
                         if isinstance(message, dict) and message.get("error"):
                             return str(message["error"])
                     if time.monotonic() > deadline:
-                        return f"the pull took longer than {self._settings.ready_timeout_seconds}s"
+                        return (
+                            f"the pull took longer than the sandbox's ready timeout ({timeout} s)"
+                        )
         except requests.exceptions.RequestException as exc:
             cause = exc.args[0] if exc.args else None
             if isinstance(exc, requests.exceptions.Timeout) or isinstance(
@@ -358,7 +360,7 @@ class DockerEngineBackend:
                 hint=f"use a shorter sandbox id, or a shorter state_dir than "
                 f"{self._settings.state_dir}",
             )
-        self._ensure_image(spec.image)
+        self._ensure_image(spec.image, spec.ready_timeout_seconds)
         if self._get(name) is not None:
             raise errors.SandboxExists(
                 f"sandbox {spec.sandbox_id!r} already exists",
