@@ -71,7 +71,14 @@ def new_sandbox_id() -> str:
     return "sb-" + secrets.token_hex(6)
 
 
-def dead_reason(found: BackendSandbox) -> str:
+def dead_reason(found: BackendSandbox, memory_bytes: int) -> str:
+    """Why a sandbox's container stopped; an out-of-memory kill says so, with the limit."""
+    if found.reason is not None and found.reason.startswith("OOMKilled"):
+        code = f", exit code {found.exit_code}" if found.exit_code is not None else ""
+        return (
+            "OOMKilled: its container was killed for using more than its memory limit of "
+            f"{format_memory(memory_bytes)}{code}; give it more with `memory` at create"
+        )
     details = []
     if found.exit_code is not None:
         details.append(f"exit code {found.exit_code}")
@@ -307,7 +314,9 @@ class SandboxService:
                 await self.backend.delete(record.sandbox_id)
             return await self.store.get_sandbox(record.sandbox_id) or record
         if found.state in _DEAD_STATES:
-            ended = await self.end(record.sandbox_id, SandboxStatus.FAILED, dead_reason(found))
+            ended = await self.end(
+                record.sandbox_id, SandboxStatus.FAILED, dead_reason(found, record.memory_bytes)
+            )
             return ended or updated
         # One deadline for the whole start (an image pull included): the request's timeout.
         remaining = (record.ready_deadline() - self.clock()).total_seconds()
@@ -380,7 +389,8 @@ class SandboxService:
             )
             return True
         if found.state in _DEAD_STATES:
-            await self.end(record.sandbox_id, SandboxStatus.FAILED, dead_reason(found))
+            reason = dead_reason(found, record.memory_bytes)
+            await self.end(record.sandbox_id, SandboxStatus.FAILED, reason)
             return True
         changes: dict[str, Any] = {}
         if found.agent is not None and found.agent != record.agent:
@@ -552,9 +562,29 @@ class SandboxService:
                     "its container no longer exists (removed outside Orchard, or never created)",
                 )
 
+    async def check_alive(self, sandbox_id: str) -> SandboxRecord | None:
+        """After a broken link to its agent: fail a live sandbox whose container stopped (with
+        the reason), at once rather than at the next reconciliation. Its record after that."""
+        record = await self.store.get_sandbox(sandbox_id)
+        if record is None or not record.live:
+            return record
+        try:
+            found = await self.backend.inspect(sandbox_id)
+        except Exception:
+            return record  # the engine not answering is no verdict
+        if found is None:
+            await self.end(sandbox_id, SandboxStatus.FAILED, "its container disappeared")
+        elif found.state in _DEAD_STATES:
+            reason = dead_reason(found, record.memory_bytes)
+            await self.end(sandbox_id, SandboxStatus.FAILED, reason)
+        else:
+            return record
+        return await self.store.get_sandbox(sandbox_id)
+
     async def _sync(self, record: SandboxRecord, found: BackendSandbox) -> None:
         if found.state in _DEAD_STATES:
-            await self.end(record.sandbox_id, SandboxStatus.FAILED, dead_reason(found))
+            reason = dead_reason(found, record.memory_bytes)
+            await self.end(record.sandbox_id, SandboxStatus.FAILED, reason)
             return
         if found.agent is not None and found.agent != record.agent:
             await self._transition(record.sandbox_id, LIVE_STATUSES, agent=found.agent)

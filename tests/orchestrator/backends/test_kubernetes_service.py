@@ -159,7 +159,10 @@ async def test_a_pod_that_dies_fails_its_sandbox_with_the_reason(
     await orchard.reaper.run_pass()
     info = (await http.get("/sandboxes/fragile")).json()
     assert info["status"] == "failed"
-    assert info["status_message"] == ("its container stopped (exit code 137, OOMKilled)")
+    assert info["status_message"] == (
+        "OOMKilled: its container was killed for using more than its memory limit of 2Gi, "
+        "exit code 137; give it more with `memory` at create"
+    )
     assert cluster.names("pods") == []
 
 
