@@ -15,6 +15,7 @@ import asyncio
 import base64
 import json
 import time
+from datetime import datetime, timedelta
 from typing import Any
 
 from tests.orchestrator.conftest import Connect, Service, StartService
@@ -446,3 +447,31 @@ async def test_upstreams_default_size_is_one_setting_away(start_service: StartSe
     service = await start_service(default_cpu=4.0, default_memory=16 * 1024**3)
     created = await create(service, {"image": "python:3.11-slim", "block_network": True})
     assert (created["cpu"], created["memory"]) == ("4", "16Gi")
+
+
+async def test_file_listing_types_and_times(service: Service) -> None:
+    """``type`` is ``file``/``directory`` for what upstream listed so, plus ``symlink`` (not
+    followed) and ``other``; ``modified`` is ISO 8601 in UTC, which ``fromisoformat`` reads
+    as upstream's zone-less local time string was read."""
+    sandbox_id = (await create(service, {"image": "python:3.11-slim", "block_network": True}))[
+        "sandbox_id"
+    ]
+    root = await workdir(service, sandbox_id)
+    body = {
+        "command": "mkdir d && echo x > f && ln -s d link && mkfifo pipe",
+        "timeout_seconds": None,
+        "cwd": None,
+        "env": None,
+        "login_shell": False,
+        "wait": True,
+    }
+    answer(await service.http.post(f"/sandboxes/{sandbox_id}/exec", json=body))
+    listed = answer(
+        await service.http.get(f"/sandboxes/{sandbox_id}/files/list", params={"path": root})
+    )
+    types = {entry["name"]: entry["type"] for entry in listed["files"]}
+    assert types == {"d": "directory", "f": "file", "link": "symlink", "pipe": "other"}
+    for entry in listed["files"]:
+        modified = datetime.fromisoformat(entry["modified"])
+        assert modified.utcoffset() == timedelta(0)
+        assert abs(modified.timestamp() - time.time()) < 3600
