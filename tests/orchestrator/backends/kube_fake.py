@@ -90,23 +90,12 @@ _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 Obj = dict[str, Any]
 
 
-def role_rules(path: Path = RBAC_FILE) -> dict[str, set[str]]:
+def role_rules(path: Path = RBAC_FILE, kind: str = "Role") -> dict[str, set[str]]:
     """resource -> verbs, from the Role `orchard deploy` installs (in the sandbox namespace by
-    default)."""
+    default), or from the ClusterRole beside it (``kind="ClusterRole"``)."""
     rules: dict[str, set[str]] = {}
     for document in yaml.safe_load_all(path.read_text()):
-        if document and document.get("kind") == "Role":
-            for rule in document["rules"]:
-                for resource in rule["resources"]:
-                    rules.setdefault(resource, set()).update(rule["verbs"])
-    return rules
-
-
-def cluster_role_rules(path: Path = RBAC_FILE) -> dict[str, set[str]]:
-    """resource -> verbs, from the ClusterRole `orchard deploy` installs beside that Role."""
-    rules: dict[str, set[str]] = {}
-    for document in yaml.safe_load_all(path.read_text()):
-        if document and document.get("kind") == "ClusterRole":
+        if document and document.get("kind") == kind:
             for rule in document["rules"]:
                 for resource in rule["resources"]:
                     rules.setdefault(resource, set()).update(rule["verbs"])
@@ -208,7 +197,7 @@ class FakeKubeApi:
     def __post_init__(self) -> None:
         self.watch_gate.set()
         self.rules = role_rules()
-        self.cluster_rules = cluster_role_rules()
+        self.cluster_rules = role_rules(kind="ClusterRole")
         self.namespace_rules = {ns: role_rules(path) for ns, path in self.namespace_rbac.items()}
         self._objects: dict[tuple[str, str, str], Obj] = {}
         self._events: list[_Event] = []
