@@ -1,7 +1,7 @@
 """Test doubles for the service tier: a backend whose sandboxes are real agent processes.
 
 :class:`AgentProcessBackend` implements the Backend Protocol by starting the real agent
-(``orchard_env/agent/server.py``) as a host subprocess on a unix socket, one per sandbox, so
+(``orchard_env.agent.daemon``) as a host subprocess on a unix socket, one per sandbox, so
 exec, files and PTY traffic is real; only the container around it is missing. It simulates
 what an engine does that a host process cannot show by itself:
 
@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from orchard_env.agent import server as agent_server
 from orchard_env.errors import ImageNotFound, OrchardError, SandboxExists, SandboxNotFound
 from orchard_env.orchestrator.backends.base import (
     AgentEndpoint,
@@ -45,7 +44,7 @@ from orchard_env.orchestrator.backends.base import (
 )
 from orchard_env.protocol import NodeResources, ResourceAmounts
 
-AGENT_SERVER = Path(agent_server.__file__)
+HOST_AGENT = (sys.executable, "-I", "-m", "orchard_env.agent.daemon")  # the real agent
 MISSING_IMAGE = "missing/image"
 HANG_IMAGE = "hang/image"
 CRASH_IMAGE = "crash/image"
@@ -190,7 +189,7 @@ class AgentProcessBackend:
             "ORCHARD_AGENT_WORKDIR": str(root / "workspace"),
         }
         return subprocess.Popen(
-            [sys.executable, "-I", str(AGENT_SERVER), "--listen", f"unix:{endpoint.uds}"],
+            [*HOST_AGENT, "--listen", f"unix:{endpoint.uds}"],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
