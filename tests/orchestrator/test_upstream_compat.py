@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from tests.orchestrator.conftest import Connect, Service, StartService
+from tests.orchestrator.fakes import AgentProcessBackend
 from tests.orchestrator.test_pty import frames_until_close, stdout_of
 
 PATCH = """\
@@ -402,13 +403,15 @@ async def test_a_deleted_sandbox_is_404_as_upstream_and_delete_stays_idempotent(
 
 
 async def test_the_request_timeout_governs_readiness_up_to_the_service_limit(
-    service: Service,
+    service: Service, backend: AgentProcessBackend
 ) -> None:
     """Upstream's SDK sends ``timeout`` (default 3600 on upstream's side) and waits that long;
     here the request's value is the deadline of the whole start, pull included."""
     limit = service.orchard.settings.max_ready_timeout_seconds
     created = await create(service, {"image": "python:3.11-slim", "timeout": limit})
     assert created["timeout"] == limit
+    # The backend gets it for the pull (the engine's pull stops at it).
+    assert backend.sandboxes[created["sandbox_id"]].spec.ready_timeout_seconds == limit
     too_long = await service.http.post(
         "/sandboxes", json={"image": "python:3.11-slim", "timeout": limit + 1}
     )
