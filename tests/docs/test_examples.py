@@ -28,7 +28,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
+from provision.profile import DeploymentProfile
 from tests.docs.markdown import DOCS, Block, blocks, markdown_files
 from tests.orchestrator.conftest import make_settings
 from tests.servers import Live, fake_backend, live_service
@@ -154,3 +156,12 @@ def test_example_runs(example: Example, live: Live, tmp_path: Path) -> None:
             f"--- the doc\n{example.output}{report}"
         )
     assert not left, f"{example.location} left sandboxes alive: {left}"
+
+
+def test_profile_fragments_in_the_deployment_guide_are_valid_profiles() -> None:
+    """The YAML blocks of docs/deployment.md are deployment profiles (or parts of one)."""
+    found = [b for b in blocks(DOCS / "deployment.md") if b.lang == "yaml"]
+    assert found
+    for block in found:
+        profile = DeploymentProfile.model_validate(yaml.safe_load(block.code))
+        assert profile is not None, block.location
