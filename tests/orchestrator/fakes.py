@@ -41,6 +41,7 @@ from orchard_env.orchestrator.backends.base import (
     SandboxSpec,
     SandboxState,
     SnapshotImage,
+    not_your_snapshot,
 )
 from orchard_env.protocol import NodeResources, ResourceAmounts
 
@@ -103,6 +104,8 @@ class AgentProcessBackend:
             )
         if spec.image.startswith(f"{SNAPSHOT_REPOSITORY}:") and spec.image not in self.snapshots:
             raise ImageNotFound(f"image {spec.image} is not present locally")
+        if spec.image in self.snapshots and spec.image.split(":", 1)[1] != spec.snapshot_id:
+            raise not_your_snapshot(spec.image)  # an engine checks the image's snapshot label
         if spec.sandbox_id in self.fail_creates:
             raise OrchardError(
                 f"the engine could not create sandbox {spec.sandbox_id!r}: "
@@ -167,6 +170,9 @@ class AgentProcessBackend:
 
     async def capacity(self) -> Capacity:
         return Capacity(nodes=list(self.nodes))
+
+    def is_snapshot_image(self, image: str) -> bool:
+        return image.startswith(f"{SNAPSHOT_REPOSITORY}:")
 
     async def close(self) -> None:
         """Apps do not own this backend: its sandboxes outlive them (see :meth:`shutdown`)."""

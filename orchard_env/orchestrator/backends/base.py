@@ -12,6 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+from orchard_env.errors import SnapshotNotFound
 from orchard_env.protocol import NodeResources, SandboxPod
 
 
@@ -65,6 +66,9 @@ class SandboxSpec:
     # Serialised orchestrator record kept on the container/pod so a restart with lost
     # state can adopt it without guessing (see reconciliation).
     record_annotation: str | None = None
+    # The snapshot this sandbox restores (the orchestrator checked the caller owns it). A
+    # backend refuses an image that is a snapshot image of any other snapshot.
+    snapshot_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,24 @@ class Capacity:
     pods: list[SandboxPod] | None = None
 
 
+def not_your_snapshot(image: str) -> SnapshotNotFound:
+    """The answer to a sandbox asked for with a snapshot image the caller may not use: the
+    same whether the image exists, is another key's, or another deployment's."""
+    return SnapshotNotFound(
+        f"image {image!r} is not a snapshot of yours",
+        hint="start from a snapshot with POST /snapshots/{id}/restore; "
+        "`orchard snapshot list` shows yours",
+    )
+
+
+def image_repository(image: str) -> str:
+    """The repository part of an image reference: without its digest and tag."""
+    name = image.split("@", 1)[0]
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    return name[:colon] if colon > slash else name
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Lifecycle of sandboxes on one substrate.
@@ -119,6 +141,9 @@ class Backend(Protocol):
       restore is a ``create`` whose ``SandboxSpec.image`` is the snapshot's ``ref``.
     * ``capacity`` reports the nodes sandboxes can run on (capacity and allocatable) and,
       where the substrate knows them, the requests of the pods there.
+    * ``is_snapshot_image`` says whether an image name is under the repository where this
+      backend's snapshots live, this deployment's or another's (a name check only, so it
+      says nothing about whether the image exists).
     * ``delete_snapshot`` removes a snapshot's image and returns True once it is gone
       (already gone included), or False while the engine still refuses because something
       uses it (the caller retries later). It never removes anything that uses the image.
@@ -142,5 +167,6 @@ class Backend(Protocol):
     async def delete_snapshot(self, ref: str) -> bool: ...
 
     async def capacity(self) -> Capacity: ...
+    def is_snapshot_image(self, image: str) -> bool: ...
 
     async def close(self) -> None: ...
