@@ -22,7 +22,7 @@ from typing import Any
 import tomli_w
 
 from orchard_env.errors import ConfigError
-from orchard_env.protocol import parse_cpu, parse_memory
+from orchard_env.protocol import parse_cpu, parse_memory, sandbox_cpu, sandbox_memory
 
 
 def config_dir() -> Path:
@@ -97,10 +97,10 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
         "state dir's own, kept in <state_dir>/instance; Kubernetes, 'default')",
     ),
     Setting("require_api_key", "true", _bool, "reject requests without a valid X-API-Key"),
-    Setting("default_cpu", "1", parse_cpu, "CPU cores of a sandbox that asks for none"),
-    Setting("default_memory", "2Gi", parse_memory, "memory of a sandbox that asks for none"),
-    Setting("max_cpu", "16", parse_cpu, "largest CPU a sandbox may ask for"),
-    Setting("max_memory", "64Gi", parse_memory, "largest memory a sandbox may ask for"),
+    Setting("default_cpu", "1", sandbox_cpu, "CPU cores of a sandbox that asks for none"),
+    Setting("default_memory", "2Gi", sandbox_memory, "memory of a sandbox that asks for none"),
+    Setting("max_cpu", "16", sandbox_cpu, "largest CPU a sandbox may ask for"),
+    Setting("max_memory", "64Gi", sandbox_memory, "largest memory a sandbox may ask for"),
     Setting("pids_limit", "4096", _positive_int, "process limit per sandbox"),
     Setting("max_sandboxes", "1000", _positive_int, "live sandboxes of the whole service"),
     Setting("key_max_sandboxes", "100", _positive_int, "live sandboxes per non-admin key"),
@@ -120,6 +120,12 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("reap_interval_seconds", "15", _positive_int, "how often the reaper runs"),
     Setting("max_output_bytes", str(16 * 1024 * 1024), _positive_int, "exec output cap"),
+    Setting(
+        "max_body_bytes",
+        str(32 * 1024 * 1024),
+        _positive_int,
+        "largest JSON request body (413 past it); raw file uploads are streamed, not capped",
+    ),
     Setting("job_retention_seconds", "86400", _positive_int, "how long finished jobs stay"),
     Setting(
         "snapshot_ttl_seconds",
@@ -320,6 +326,7 @@ class ServiceSettings:
     max_ready_timeout_seconds: int
     reap_interval_seconds: int
     max_output_bytes: int
+    max_body_bytes: int
     job_retention_seconds: int
     snapshot_ttl_seconds: int
     agent_bundle_dir: Path | None

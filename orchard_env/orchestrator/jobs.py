@@ -28,6 +28,7 @@ from orchard_env.config import ServiceSettings
 from orchard_env.errors import AgentUnavailable, Conflict, JobNotFound, OrchardError
 from orchard_env.orchestrator.agents import AgentPool
 from orchard_env.orchestrator.auth import Caller
+from orchard_env.orchestrator.health import AgentHealth
 from orchard_env.orchestrator.records import JobRecord, SandboxRecord
 from orchard_env.orchestrator.sandboxes import SandboxService
 from orchard_env.orchestrator.store import Store
@@ -143,6 +144,7 @@ class JobService:
         store: Store,
         sandboxes: SandboxService,
         agents: AgentPool,
+        health: AgentHealth,
         clock: Callable[[], datetime],
         *,
         max_running: int = MAX_RUNNING_JOBS,
@@ -151,6 +153,7 @@ class JobService:
         self.store = store
         self.sandboxes = sandboxes
         self.agents = agents
+        self.health = health
         self.clock = clock
         self._runs: dict[tuple[str, str], JobRun] = {}  # (scope, job id) -> run
         self.slots = asyncio.Semaphore(max_running)  # commands in flight; the rest queue
@@ -392,7 +395,7 @@ class JobService:
         self, client: AgentClient, run: JobRun, *, attach: bool
     ) -> AsyncIterator[Output | Exit]:
         if attach:
-            return client.attach(run.record.job_id)
+            return client.attach(run.record.job_id, max_output_bytes=run.max_output_bytes)
         request = run.record.request
         return client.exec(
             run.record.job_id,
@@ -424,6 +427,7 @@ class JobService:
                 return None
             except AgentUnavailable as exc:
                 error: Exception = exc
+                await self.health.check(sandbox)  # fails the sandbox if its agent is gone
             except OrchardError as exc:  # the agent refused it (bad cwd, ...)
                 await self._finalize(run, JobStatus.FAILED, error=exc.message)
                 return None

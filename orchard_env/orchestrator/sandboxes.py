@@ -43,6 +43,7 @@ from orchard_env.orchestrator.backends.base import (
     SandboxState,
     not_your_snapshot,
 )
+from orchard_env.orchestrator.logs import isolated
 from orchard_env.orchestrator.records import LIVE_STATUSES, SandboxRecord
 from orchard_env.orchestrator.store import Store
 from orchard_env.protocol import (
@@ -53,8 +54,9 @@ from orchard_env.protocol import (
     SandboxList,
     SandboxStatus,
     format_memory,
-    parse_cpu,
     parse_memory,
+    sandbox_cpu,
+    sandbox_memory,
 )
 
 log = logging.getLogger(__name__)
@@ -186,21 +188,23 @@ class SandboxService:
             include_deleted=include_deleted or status == SandboxStatus.DELETED,
         )
         wanted = labels or {}
-        return SandboxList(
-            sandboxes=[
-                record.to_info(self.settings)
-                for record in records
-                if (status is None or record.status == status)
-                and all(record.labels.get(k) == v for k, v in wanted.items())
-            ]
-        )
+        infos = []
+        for record in records:
+            if (status is None or record.status == status) and all(
+                record.labels.get(k) == v for k, v in wanted.items()
+            ):
+                with isolated(log, "showing a sandbox", sandbox_id=record.sandbox_id):
+                    infos.append(record.to_info(self.settings))
+        return SandboxList(sandboxes=infos)
 
     # --- create ------------------------------------------------------------------------------
 
-    def _size(self, request: CreateSandboxRequest) -> tuple[float, int]:
-        cpu = self.settings.default_cpu if request.cpu is None else parse_cpu(request.cpu)
+    def _size(self, request: CreateSandboxRequest) -> tuple[float, int, int | None]:
+        cpu = self.settings.default_cpu if request.cpu is None else sandbox_cpu(request.cpu)
         memory = (
-            self.settings.default_memory if request.memory is None else parse_memory(request.memory)
+            self.settings.default_memory
+            if request.memory is None
+            else sandbox_memory(request.memory)
         )
         if cpu > self.settings.max_cpu:
             raise LimitExceeded(
@@ -213,7 +217,14 @@ class SandboxService:
                 f"{format_memory(self.settings.max_memory)}",
                 hint="ask for less, or raise the cap with ORCHARD_MAX_MEMORY",
             )
-        return cpu, memory
+        disk = None if request.disk is None else sandbox_memory(request.disk, "disk")
+        if disk is not None and disk > self.settings.ephemeral_storage:
+            raise LimitExceeded(
+                f"disk {request.disk} is above this service's cap of "
+                f"{format_memory(self.settings.ephemeral_storage)}",
+                hint="ask for less, or raise the cap with ORCHARD_EPHEMERAL_STORAGE",
+            )
+        return cpu, memory, disk
 
     def _ready_timeout(self, requested: int | None) -> int:
         limit = self.settings.max_ready_timeout_seconds
@@ -281,7 +292,7 @@ class SandboxService:
     ) -> SandboxInfo:
         """Start a sandbox (``source_snapshot``: restored from that snapshot, whose image
         ``request.image`` names); readiness follows in the background."""
-        cpu, memory = self._size(request)
+        cpu, memory, disk = self._size(request)
         if source_snapshot is None and self.backend.is_snapshot_image(request.image):
             source_snapshot = await self._own_snapshot(request.image, caller)
         sandbox_id = request.sandbox_id or new_sandbox_id()
@@ -291,6 +302,7 @@ class SandboxService:
             image=request.image,
             cpu=cpu,
             memory_bytes=memory,
+            disk_bytes=disk,
             block_network=request.block_network,
             workdir=request.workdir or self.settings.default_workdir,
             env=request.env,
@@ -346,6 +358,7 @@ class SandboxService:
             image=record.image,
             cpu=record.cpu,
             memory_bytes=record.memory_bytes,
+            disk_bytes=record.disk_bytes,
             block_network=record.block_network,
             workdir=record.workdir,
             agent_token=secrets.token_urlsafe(32),
@@ -606,20 +619,9 @@ class SandboxService:
             return
         seen = {item.sandbox_id for item in found}
         for item in found:
-            if item.sandbox_id in self._creating:
-                continue
-            record = await self.store.get_sandbox(item.sandbox_id)
-            if record is None:
-                await self._adopt(item)
-            elif record.live:
-                await self._sync(record, item)
-            else:
-                log.info(
-                    "removing the container of an ended sandbox",
-                    extra={"sandbox_id": item.sandbox_id, "status": record.status.value},
-                )
-                with contextlib.suppress(Exception):
-                    await self.backend.delete(item.sandbox_id)
+            if item.sandbox_id not in self._creating:
+                with isolated(log, "reconciling a container", sandbox_id=item.sandbox_id):
+                    await self._reconcile_container(item)
         for record in records:
             sandbox_id = record.sandbox_id
             if (
@@ -628,11 +630,27 @@ class SandboxService:
                 and sandbox_id not in creating
                 and sandbox_id not in self._creating
             ):
-                await self.end(
-                    sandbox_id,
-                    SandboxStatus.FAILED,
-                    "its container no longer exists (removed outside Orchard, or never created)",
-                )
+                with isolated(log, "failing a sandbox without container", sandbox_id=sandbox_id):
+                    await self.end(
+                        sandbox_id,
+                        SandboxStatus.FAILED,
+                        "its container no longer exists (removed outside Orchard, or never "
+                        "created)",
+                    )
+
+    async def _reconcile_container(self, item: BackendSandbox) -> None:
+        record = await self.store.get_sandbox(item.sandbox_id)
+        if record is None:
+            await self._adopt(item)
+        elif record.live:
+            await self._sync(record, item)
+        else:
+            log.info(
+                "removing the container of an ended sandbox",
+                extra={"sandbox_id": item.sandbox_id, "status": record.status.value},
+            )
+            with contextlib.suppress(Exception):
+                await self.backend.delete(item.sandbox_id)
 
     async def check_alive(self, sandbox_id: str) -> SandboxRecord | None:
         """After a broken link to its agent: fail a live sandbox whose container stopped (with
@@ -699,39 +717,43 @@ class SandboxService:
         await self._sync(record, found)
 
     async def expire(self, now: datetime) -> None:
-        """End sandboxes past their TTL, idle too long, or stuck starting."""
+        """End sandboxes past their TTL, idle too long, or stuck starting (each on its own: one
+        that fails is logged and the others still expire)."""
         for record in await self.store.list_sandboxes():
-            sandbox_id = record.sandbox_id
-            if not record.live or sandbox_id in self._creating:
-                continue
-            ttl, idle = record.ttl_seconds, record.idle_timeout_seconds
-            if ttl and now >= record.created_at + timedelta(seconds=ttl):
-                await self.end(
-                    sandbox_id,
-                    SandboxStatus.DELETED,
-                    f"expired: its lifetime of {ttl} s (ttl_seconds) ran out",
-                )
-            elif (
-                idle
-                and record.status == SandboxStatus.READY
-                and not self.busy(sandbox_id)
-                and now >= record.last_activity_at + timedelta(seconds=idle)
-            ):
-                await self.end(
-                    sandbox_id,
-                    SandboxStatus.DELETED,
-                    f"expired: idle for {idle} s (idle_timeout_seconds); heartbeats keep it alive",
-                )
-            elif (
-                record.status != SandboxStatus.READY
-                and sandbox_id not in self._readiness
-                and now >= record.ready_deadline()
-            ):
-                await self.end(
-                    sandbox_id,
-                    SandboxStatus.FAILED,
-                    f"it did not become ready within {record.ready_timeout_seconds} s",
-                )
+            if record.live and record.sandbox_id not in self._creating:
+                with isolated(log, "expiring a sandbox", sandbox_id=record.sandbox_id):
+                    await self._expire_one(record, now)
+
+    async def _expire_one(self, record: SandboxRecord, now: datetime) -> None:
+        sandbox_id = record.sandbox_id
+        ttl, idle = record.ttl_seconds, record.idle_timeout_seconds
+        if ttl and now >= record.ttl_deadline():
+            await self.end(
+                sandbox_id,
+                SandboxStatus.DELETED,
+                f"expired: its lifetime of {ttl} s (ttl_seconds) ran out",
+            )
+        elif (
+            idle
+            and record.status == SandboxStatus.READY
+            and not self.busy(sandbox_id)
+            and now >= record.idle_deadline()
+        ):
+            await self.end(
+                sandbox_id,
+                SandboxStatus.DELETED,
+                f"expired: idle for {idle} s (idle_timeout_seconds); heartbeats keep it alive",
+            )
+        elif (
+            record.status != SandboxStatus.READY
+            and sandbox_id not in self._readiness
+            and now >= record.ready_deadline()
+        ):
+            await self.end(
+                sandbox_id,
+                SandboxStatus.FAILED,
+                f"it did not become ready within {record.ready_timeout_seconds} s",
+            )
 
     async def close(self) -> None:
         tasks = list(self._readiness.values())

@@ -10,6 +10,7 @@ from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.agents import AgentPool
 from orchard_env.orchestrator.backends.base import Backend
 from orchard_env.orchestrator.files import FileService
+from orchard_env.orchestrator.health import AgentHealth
 from orchard_env.orchestrator.jobs import JobService
 from orchard_env.orchestrator.reaper import Reaper
 from orchard_env.orchestrator.revocation import KeySessions
@@ -28,6 +29,7 @@ class Orchard:
     jobs: JobService
     snapshots: SnapshotService
     files: FileService
+    health: AgentHealth
     reaper: Reaper
     sessions: KeySessions
     clock: Callable[[], datetime]
@@ -42,7 +44,8 @@ class Orchard:
     ) -> Orchard:
         agents = AgentPool()
         sandboxes = SandboxService(settings, store, backend, agents, clock)
-        jobs = JobService(settings, store, sandboxes, agents, clock)
+        health = AgentHealth(store, sandboxes, agents)
+        jobs = JobService(settings, store, sandboxes, agents, health, clock)
         snapshots = SnapshotService(settings, store, backend, sandboxes, clock)
         return cls(
             settings=settings,
@@ -53,7 +56,8 @@ class Orchard:
             jobs=jobs,
             snapshots=snapshots,
             files=FileService(sandboxes, agents),
-            reaper=Reaper(settings, store, sandboxes, snapshots, clock),
+            health=health,
+            reaper=Reaper(settings, store, sandboxes, snapshots, health, clock),
             sessions=KeySessions(store),
             clock=clock,
         )
@@ -68,4 +72,5 @@ class Orchard:
         await self.sessions.close()
         await self.jobs.close()
         await self.sandboxes.close()
+        await self.health.close()
         await self.agents.close()

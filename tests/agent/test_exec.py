@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -247,24 +245,31 @@ async def test_calls_reuse_one_connection(agent_server: RunningAgent, short_dir:
     assert len(proxy.connections) == 1
 
 
-async def test_auth_is_required_except_for_health(agent_server: RunningAgent) -> None:
-    async with agent_server.client(token="wrong-token") as bad:
-        assert (await bad.health())["status"] == "ok"
+async def test_every_request_needs_the_keys_mac_except_for_health(
+    agent_server: RunningAgent,
+) -> None:
+    async with agent_server.client(token="wrong-key-0123456789") as bad:
         with pytest.raises(errors.AuthenticationRequired) as caught:
             await collect(bad.exec("j1", "true"))
-        assert caught.value.message == "invalid agent token"
-        with pytest.raises(errors.AuthenticationRequired):
-            await bad.list_dir("/")
-        with pytest.raises(errors.AuthenticationRequired):
-            await bad.open_pty()
-    transport = httpx.AsyncHTTPTransport(uds=agent_server.socket)
+        assert caught.value.message == "invalid request MAC"
+        for call in (bad.health(), bad.list_dir("/"), bad.open_pty()):
+            with pytest.raises(errors.AuthenticationRequired):
+                await call
+        with pytest.raises(errors.AgentTampered) as enrolled:
+            await bad.enroll()  # someone else's key is in place already
+        assert enrolled.value.message.endswith("the agent was enrolled with another key")
+    transport = httpx.AsyncHTTPTransport(uds=agent_server.socket, verify=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://agent") as raw:
+        health = await raw.get("/health")
         response = await raw.post("/exec", json={"command": "true"})
+        again = await raw.post("/enroll", json={"key": "k" * 32, "env": {}})
+    assert health.json()["enrolled"] is True and "X-Orchard-Proof" not in health.headers
     assert response.status_code == 401
     assert response.json() == {
         "code": "unauthenticated",
-        "message": "missing 'Authorization: Bearer <token>' header",
+        "message": "missing 'Authorization: Orchard-HMAC <mac>' and nonce",
     }
+    assert again.status_code == 401  # only the key it holds may even ask
 
 
 async def test_unreachable_agent_is_agent_unavailable(short_dir: Path) -> None:
@@ -293,7 +298,7 @@ def tcp_port(tmp_path: Path) -> Iterator[int]:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
     argv = [*HOST_AGENT]
-    process = start_agent(argv, f"tcp:127.0.0.1:{port}", {"ORCHARD_AGENT_TOKEN": TOKEN}, tmp_path)
+    process = start_agent(argv, f"tcp:127.0.0.1:{port}", {}, tmp_path)
     yield port
     assert stop_agent(process) == 0
 
@@ -309,34 +314,22 @@ async def test_agent_over_tcp(tcp_port: int) -> None:
             assert await pty.recv() == {"type": "exit", "code": 5}
 
 
-def test_token_is_required_unless_no_auth(short_dir: Path) -> None:
-    refused = subprocess.run(
-        [*HOST_AGENT, "--listen", f"unix:{short_dir}/a.sock"],
-        env={"PATH": os.environ["PATH"]},
-        capture_output=True,
-        text=True,
-        timeout=30,
+async def test_a_token_in_the_environment_is_worthless(short_dir: Path, tmp_path: Path) -> None:
+    """The agent takes its key only from its enrollment: a launcher's old token variable
+    (readable in /proc/<pid>/environ) opens nothing."""
+    socket_path = str(short_dir / "env.sock")
+    process = start_agent(
+        HOST_AGENT, f"unix:{socket_path}", {"ORCHARD_AGENT_TOKEN": TOKEN}, tmp_path
     )
-    assert refused.returncode == 2
-    assert "ORCHARD_AGENT_TOKEN is not set (--no-auth runs without auth, for tests)" in (
-        refused.stderr
-    )
-
-
-@pytest.fixture
-def open_agent_socket(tmp_path: Path, short_dir: Path) -> Iterator[str]:
-    socket_path = str(short_dir / "open.sock")
-    argv = [*HOST_AGENT, "--no-auth"]
-    process = start_agent(argv, f"unix:{socket_path}", {}, tmp_path)
-    yield socket_path
-    assert stop_agent(process) == 0
-
-
-async def test_no_auth_accepts_requests_without_a_token(open_agent_socket: str) -> None:
-    transport = httpx.AsyncHTTPTransport(uds=open_agent_socket)
-    async with AgentClient(token="ignored", uds=open_agent_socket) as client:
-        await client.wait_ready(15)
+    try:
+        transport = httpx.AsyncHTTPTransport(uds=socket_path, verify=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://agent") as raw:
-            response = await raw.post("/exec", json={"command": "echo open"})
-    assert response.status_code == 200
-    assert b'"t":"x"' in response.content
+            await poll_until(lambda: Path(socket_path).exists(), "the agent listens")
+            response = await raw.post(
+                "/exec", json={"command": "true"}, headers={"Authorization": f"Bearer {TOKEN}"}
+            )
+            assert (await raw.get("/health")).json()["enrolled"] is False
+        assert response.status_code == 401
+        assert response.json()["message"] == "the agent is not enrolled yet"
+    finally:
+        assert stop_agent(process) == 0

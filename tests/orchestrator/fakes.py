@@ -190,8 +190,7 @@ class AgentProcessBackend:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(root),
-            **spec.env,
-            "ORCHARD_AGENT_TOKEN": spec.agent_token,
+            # The key and spec.env come with the orchestrator's enrollment, as on the engine.
             "ORCHARD_AGENT_WORKDIR": str(root / "workspace"),
         }
         return subprocess.Popen(

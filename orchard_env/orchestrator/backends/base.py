@@ -15,6 +15,21 @@ from typing import Protocol, runtime_checkable
 from orchard_env.errors import SnapshotNotFound
 from orchard_env.protocol import NodeResources, SandboxPod
 
+SANDBOX_CAPABILITIES = (
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SETFCAP",
+    "NET_BIND_SERVICE",
+)
+"""The only Linux capabilities a sandbox's root has (every backend drops all others): what
+package installs and test suites use (file ownership and modes, su/setpriv to another user,
+signals, low ports). Not kept: SETPCAP, SYS_CHROOT, MKNOD, NET_RAW, AUDIT_WRITE."""
+
 
 class Capability(StrEnum):
     NETWORK_ISOLATION = "network_isolation"
@@ -56,6 +71,9 @@ class SandboxSpec:
     block_network: bool
     workdir: str
     agent_token: str
+    # What the sandbox may write (None: the backend's default). A backend that cannot enforce
+    # it raises InvalidRequest saying so, never ignores it.
+    disk_bytes: int | None = None
     owner: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # the user's labels

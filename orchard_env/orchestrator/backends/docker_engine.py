@@ -12,6 +12,12 @@ Docker and with Podman's Docker-compatible API socket. Per sandbox it makes:
 * a host directory ``<sandboxes_dir>/<sandbox_id>/`` mounted at ``/run/orchard``, where the
   agent listens on a unix socket: reachable from the host even with no network at all.
 
+The sandbox's agent key is a label of the container (the engine's metadata, which nothing in
+the container can read), never its environment: the orchestrator hands it to the agent,
+with the sandbox's environment, when it enrolls the agent (see :mod:`orchard_env.agent`).
+So the container's environment is the image's plus the agent's launcher variables only:
+nothing the sandbox sets (``LD_PRELOAD``...) applies to the agent itself.
+
 A snapshot is the container committed (paused for the moment it takes) to an image
 ``localhost/orchard/snapshots/<instance>:<snapshot id>`` labelled with its snapshot id and
 instance: its writable layer over the image it runs, so
@@ -57,6 +63,7 @@ from orchard_env.agent.bundle import (
 )
 from orchard_env.config import ServiceSettings, state_id
 from orchard_env.orchestrator.backends.base import (
+    SANDBOX_CAPABILITIES,
     AgentEndpoint,
     BackendSandbox,
     Capability,
@@ -75,13 +82,13 @@ LABEL_STATE_ID = "orchard.state-id"
 LABEL_SANDBOX_ID = "orchard.sandbox-id"
 LABEL_OWNER = "orchard.owner"
 LABEL_RECORD = "orchard.record"
+LABEL_AGENT_KEY = "orchard.agent-key"
 USER_LABEL_PREFIX = "orchard.label."
 LABEL_SNAPSHOT_ID = "orchard.snapshot-id"
 LABEL_SNAPSHOT_PARENT = "orchard.snapshot-parent"
 LABEL_SOURCE_SANDBOX = "orchard.source-sandbox"
 SNAPSHOT_REPOSITORY = "localhost/orchard/snapshots"
 """Where every deployment's snapshot images live, one repository per instance below it."""
-TOKEN_ENV = "ORCHARD_AGENT_TOKEN"  # noqa: S105 - the variable's name, not a secret
 WORKDIR_ENV = "ORCHARD_AGENT_WORKDIR"
 
 # Spoken by Docker 20.10+ and Podman 4+; pinned because negotiating it (GET /version) costs
@@ -223,6 +230,8 @@ class DockerEngineBackend:
             self._engine = str(client.api.base_url)
         self._client = client
         self._host_memory: int | None = None
+        self._disk_refusal: str | None = None
+        self._disk_checked = False
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -285,12 +294,10 @@ class DockerEngineBackend:
             reason = _exit_reason(engine_state, exit_code)
         elif state is SandboxState.FAILED:
             reason = f"the engine reports the container as {status or 'unknown'}"
-        env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
         agent = None
-        if state in (SandboxState.CREATING, SandboxState.RUNNING) and TOKEN_ENV in env:
-            agent = AgentEndpoint(
-                token=env[TOKEN_ENV], uds=str(self._run_dir(sandbox_id) / SOCKET_NAME)
-            )
+        key = labels.get(LABEL_AGENT_KEY)
+        if state in (SandboxState.CREATING, SandboxState.RUNNING) and key:
+            agent = AgentEndpoint(token=key, uds=str(self._run_dir(sandbox_id) / SOCKET_NAME))
         return BackendSandbox(
             sandbox_id=sandbox_id,
             state=state,
@@ -376,6 +383,37 @@ class DockerEngineBackend:
             return "the pull finished but the engine does not list the image"
         return None
 
+    # -- disk -------------------------------------------------------------------------------
+
+    def _disk_limit_refusal(self) -> str | None:
+        """None if the engine's storage can cap a container's writable layer (``--storage-opt
+        size``: overlay on xfs mounted with pquota, btrfs, zfs), else what it runs on."""
+        if not self._disk_checked:
+            info = self._client.info()
+            driver = str(info.get("Driver") or "unknown")
+            status = {str(item[0]): str(item[1]) for item in info.get("DriverStatus") or []}
+            backing = status.get("Backing Filesystem", "an unknown file system")
+            capable = driver in ("btrfs", "zfs") or (
+                driver.startswith("overlay") and backing == "xfs"
+            )
+            self._disk_refusal = None if capable else f"storage driver {driver} on {backing}"
+            self._disk_checked = True
+        return self._disk_refusal
+
+    def _storage_options(self, spec: SandboxSpec) -> dict[str, str] | None:
+        if spec.disk_bytes is None:
+            return None
+        refusal = self._disk_limit_refusal()
+        if refusal is not None:
+            raise errors.InvalidRequest(
+                f"disk cannot be limited on this engine: its {refusal} cannot cap a "
+                "container's disk, and Orchard refuses a limit it cannot enforce",
+                hint="leave disk out (sandboxes here are not disk-limited), or give the engine "
+                "storage that can (overlay on xfs mounted with pquota, or btrfs): see "
+                "docs/deployment.md",
+            )
+        return {"size": str(spec.disk_bytes)}
+
     # -- lifecycle ------------------------------------------------------------------------
 
     def _create(self, spec: SandboxSpec) -> BackendSandbox:
@@ -403,6 +441,7 @@ class DockerEngineBackend:
                 f"({self._host_memory / 2**30:.1f}Gi)",
                 hint="ask for less memory",
             )
+        storage_options = self._storage_options(spec)
         self._ensure_image(spec.image, spec.snapshot_id, spec.ready_timeout_seconds)
         if self._get(name) is not None:
             raise errors.SandboxExists(
@@ -421,18 +460,15 @@ class DockerEngineBackend:
             LABEL_INSTANCE: self._settings.instance,
             LABEL_STATE_ID: self._state_id,
             LABEL_SANDBOX_ID: spec.sandbox_id,
+            LABEL_AGENT_KEY: spec.agent_token,
             **{USER_LABEL_PREFIX + key: value for key, value in spec.labels.items()},
         }
         if spec.owner is not None:
             labels[LABEL_OWNER] = spec.owner
         if spec.record_annotation is not None:
             labels[LABEL_RECORD] = spec.record_annotation
-        env = {
-            **spec.env,
-            **launch_env(BUNDLE_MOUNT),
-            TOKEN_ENV: spec.agent_token,
-            WORKDIR_ENV: spec.workdir,
-        }
+        # spec.env reaches the commands through the agent's enrollment, not the agent.
+        env = {**launch_env(BUNDLE_MOUNT), WORKDIR_ENV: spec.workdir}
         mounts = [
             docker.types.Mount(RUN_DIR_MOUNT, str(run_dir), type="bind"),
             docker.types.Mount(BUNDLE_MOUNT, str(self._bundle_dir), type="bind", read_only=True),
@@ -451,8 +487,14 @@ class DockerEngineBackend:
                 mem_limit=spec.memory_bytes,
                 memswap_limit=spec.memory_bytes,  # equal: no swap
                 pids_limit=spec.pids_limit,
+                storage_opt=storage_options,
                 network_mode="none" if spec.block_network else None,
                 mounts=mounts,
+                # No privilege gained through setuid binaries or file capabilities, and
+                # only the capabilities images need.
+                security_opt=["no-new-privileges"],
+                cap_drop=["ALL"],
+                cap_add=list(SANDBOX_CAPABILITIES),
                 # The engine's tiny init (catatonit, tini) is PID 1 and reaps orphans, so the
                 # agent does not have to stay behind as a second Python process.
                 init=True,
@@ -470,6 +512,13 @@ class DockerEngineBackend:
             container.start()
         except docker.errors.APIError as exc:
             self._delete(spec.sandbox_id)
+            if "is not a directory" in _explanation(exc):
+                raise errors.InvalidRequest(
+                    f"workdir {spec.workdir!r} is not a directory in image {spec.image!r}, so "
+                    f"no sandbox can start there: {_explanation(exc)}",
+                    hint="pick another workdir; a snapshot whose workdir was replaced by a file "
+                    "cannot be restored: make it a directory again and snapshot anew",
+                ) from exc
             raise errors.OrchardError(
                 f"the engine could not start sandbox {spec.sandbox_id!r}: {_explanation(exc)}"
             ) from exc
@@ -527,7 +576,7 @@ class DockerEngineBackend:
             f"LABEL {LABEL_SOURCE_SANDBOX}={sandbox_id}",
             f"LABEL {LABEL_INSTANCE}={self._settings.instance}",
             f"LABEL {LABEL_RECORD}=",  # the source's record (its env) stays with the source
-            f"ENV {TOKEN_ENV}=",  # so does its agent's secret
+            f"LABEL {LABEL_AGENT_KEY}=",  # so does its agent's key
             # The image's own entrypoint and command, not the agent launcher's.
             f"ENTRYPOINT {json.dumps(base_config.get('Entrypoint') or [])}",
             f"CMD {json.dumps(base_config.get('Cmd') or [])}",

@@ -9,10 +9,12 @@ Per sandbox it makes:
   relocatable agent bundle into an emptyDir, mounted read-only at ``BUNDLE_MOUNT`` in the
   sandbox container; that container runs the user's image with the bundle's launcher as its
   command, so any image works (no shell or Python needed). The agent listens on TCP
-  ``settings.agent_port`` and requires the per-sandbox token;
-* a Secret ``orchard-agent-<id>-<hash>`` holding that token (the pod reads it through a
-  ``secretKeyRef``), created right after the pod and owned by it, so Kubernetes deletes it
-  with the pod (the hash makes the name unique to the pod: see :func:`dependent_names`);
+  ``settings.agent_port``; the orchestrator enrolls it with the per-sandbox key and the
+  sandbox's environment (neither is in the pod spec: nothing in the pod can read them);
+* a Secret ``orchard-agent-<id>-<hash>`` holding that key for the orchestrator (named in the
+  pod's ``orchard.agent-secret`` annotation; the pod never mounts it), created right after
+  the pod and owned by it, so Kubernetes deletes it with the pod (the hash makes the name
+  unique to the pod: see :func:`dependent_names`);
 * for a sandbox with network only, a NetworkPolicy ``orchard-egress-<id>-<hash>`` (also owned
   by the pod) allowing egress to the internet except ``settings.egress_except``, plus DNS.
   Without it the namespace's default-deny policy (``orchard deploy``) blocks all egress.
@@ -23,8 +25,8 @@ create/get/delete, networkpolicies create/delete (no patch, no list of secrets).
 Isolation of the pod: requests = limits for CPU and memory (Guaranteed QoS), an
 ephemeral-storage limit, ``activeDeadlineSeconds`` from the sandbox's TTL (a backstop for
 when the orchestrator is down), no service-account token, no service links, no privilege
-escalation, the RuntimeDefault seccomp profile, the NET_RAW capability dropped (the rest of
-the runtime's default set is kept so ordinary images, package managers included, work), and
+escalation, the RuntimeDefault seccomp profile, only the capabilities images need
+(:data:`~orchard_env.orchestrator.backends.base.SANDBOX_CAPABILITIES`), and
 the profile's ``runtimeClassName`` (gVisor, Kata) when set. Kubernetes has no per-pod PID
 limit field: ``spec.pids_limit`` is enforced by the kubelet's ``podPidsLimit`` (on AKS, the
 sandbox node pool's kubelet config), not by the pod.
@@ -65,6 +67,7 @@ from orchard_env import errors
 from orchard_env.agent.bundle import BUNDLE_MOUNT, launch_argv, launch_env
 from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.backends.base import (
+    SANDBOX_CAPABILITIES,
     AgentEndpoint,
     BackendSandbox,
     Capability,
@@ -88,9 +91,9 @@ LABEL_OWNER = "orchard.owner"
 LABEL_NETWORK = "orchard.network"  # "open" on sandboxes with network
 USER_LABEL_PREFIX = "orchard.label/"  # + the user's label key (a DNS-subdomain prefix)
 ANNOTATION_RECORD = "orchard.record"
+ANNOTATION_AGENT_SECRET = "orchard.agent-secret"  # noqa: S105 - the Secret's name, not a secret
 MANAGED_BY = "orchard"
 
-TOKEN_ENV = "ORCHARD_AGENT_TOKEN"  # noqa: S105 - the variable's name, not a secret
 WORKDIR_ENV = "ORCHARD_AGENT_WORKDIR"
 TOKEN_KEY = "token"  # noqa: S105 - the key in the Secret's data
 MAIN_CONTAINER = "sandbox"
@@ -155,19 +158,10 @@ def dependent_names(spec: SandboxSpec) -> tuple[str, str]:
     )
 
 
-def _token_ref(pod: Pod) -> dict[str, Any]:
-    """The secretKeyRef through which the pod's agent gets its token ({} if none)."""
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        for variable in container.get("env") or []:
-            if variable.get("name") == TOKEN_ENV:
-                ref: dict[str, Any] = (variable.get("valueFrom") or {}).get("secretKeyRef") or {}
-                return ref
-    return {}
-
-
 def pod_dependents(pod: Pod) -> tuple[str, str] | None:
     """The names of the Secret and policy of a pod made by :func:`pod_manifest`."""
-    secret = str(_token_ref(pod).get("name") or "")
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    secret = str(annotations.get(ANNOTATION_AGENT_SECRET) or "")
     if not secret.startswith(SECRET_PREFIX):
         return None
     return secret, POLICY_PREFIX + secret.removeprefix(SECRET_PREFIX)
@@ -254,29 +248,29 @@ def pod_manifest(settings: ServiceSettings, spec: SandboxSpec) -> Pod:
     if not spec.block_network:
         labels[LABEL_NETWORK] = "open"
     labels.update({USER_LABEL_PREFIX + key: value for key, value in spec.labels.items()})
-    annotations = {}
+    annotations = {ANNOTATION_AGENT_SECRET: dependent_names(spec)[0]}
     if spec.record_annotation is not None:
         annotations[ANNOTATION_RECORD] = spec.record_annotation
-    env = {**spec.env, **launch_env(BUNDLE_MOUNT), WORKDIR_ENV: spec.workdir}
-    env.pop(TOKEN_ENV, None)
+    # spec.env reaches the commands through the agent's enrollment, not the agent.
+    env = {**launch_env(BUNDLE_MOUNT), WORKDIR_ENV: spec.workdir}
     cpu = _quantity_cpu(spec.cpu)
+    disk = settings.ephemeral_storage if spec.disk_bytes is None else spec.disk_bytes
     main_resources = {
         "requests": {
             "cpu": cpu,
             "memory": str(spec.memory_bytes),
-            "ephemeral-storage": str(min(EPHEMERAL_STORAGE_REQUEST, settings.ephemeral_storage)),
+            "ephemeral-storage": str(min(EPHEMERAL_STORAGE_REQUEST, disk)),
         },
         "limits": {
             "cpu": cpu,
             "memory": str(spec.memory_bytes),
-            "ephemeral-storage": str(settings.ephemeral_storage),
+            "ephemeral-storage": str(disk),
         },
     }
     # requests = limits for the init container too (Guaranteed QoS needs every container to),
     # never above the sandbox's own, so it does not raise what the pod asks the scheduler for.
     init_limits = {"cpu": cpu, "memory": str(min(INIT_MEMORY, spec.memory_bytes))}
     bundle_mount = {"name": BUNDLE_VOLUME, "mountPath": BUNDLE_MOUNT}
-    token_ref = {"name": dependent_names(spec)[0], "key": TOKEN_KEY}
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -314,13 +308,7 @@ def pod_manifest(settings: ServiceSettings, spec: SandboxSpec) -> Pod:
                 ),
                 "args": [],
                 "workingDir": spec.workdir,
-                "env": [
-                    {
-                        "name": TOKEN_ENV,
-                        "valueFrom": {"secretKeyRef": token_ref},
-                    },
-                    *({"name": name, "value": value} for name, value in env.items()),
-                ],
+                "env": [{"name": name, "value": value} for name, value in env.items()],
                 "ports": [{"name": "agent", "containerPort": settings.agent_port}],
                 # Kubernetes' view only; the orchestrator itself checks the agent's /health.
                 "readinessProbe": {"tcpSocket": {"port": settings.agent_port}, "periodSeconds": 5},
@@ -328,8 +316,8 @@ def pod_manifest(settings: ServiceSettings, spec: SandboxSpec) -> Pod:
                 "volumeMounts": [{**bundle_mount, "readOnly": True}],
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "securityContext": {
-                    "allowPrivilegeEscalation": False,
-                    "capabilities": {"drop": ["NET_RAW"]},
+                    "allowPrivilegeEscalation": False,  # no-new-privileges
+                    "capabilities": {"drop": ["ALL"], "add": list(SANDBOX_CAPABILITIES)},
                 },
             }
         ],
@@ -482,7 +470,6 @@ def view_pod(pod: Pod) -> PodView:
             return PodView(SandboxState.FAILED, f"the agent injector failed: {why}")
     if phase in ("Failed", "Succeeded"):
         return PodView(SandboxState.FAILED, pod_why or f"its pod's phase is {phase}")
-    secret_prefix = f'secret "{_token_ref(pod).get("name")}"'
     for container in (*_statuses(status, "initContainerStatuses"), main):
         waiting = (container.get("state") or {}).get("waiting") or {}
         waiting_reason, message = waiting.get("reason"), _clip(waiting.get("message") or "")
@@ -494,8 +481,7 @@ def view_pod(pod: Pod) -> PodView:
                 f"container {name}: {detail}",
                 pull_failure=(name, waiting_reason, message),
             )
-        # Its own token Secret is made right after the pod: not there yet is not a failure.
-        if waiting_reason in CREATE_FAILURES and not message.startswith(secret_prefix):
+        if waiting_reason in CREATE_FAILURES:
             return PodView(SandboxState.FAILED, detail)
     if phase == "Running" and (main.get("state") or {}).get("running") is not None:
         return PodView(SandboxState.RUNNING)

@@ -22,8 +22,7 @@ for any resourceVersion seen so far) and :meth:`FakeKubeApi.drop_watches` (conne
 
 :class:`FakeKubelet` plays the scheduler and the kubelet: it schedules each new pod (or
 reports it Unschedulable when it asks for more CPU than the node has), "pulls" its images
-(:data:`MISSING_IMAGE` fails like a registry without it), resolves the token Secret the way a
-kubelet does (CreateContainerConfigError until it exists), and runs the real agent
+(:data:`MISSING_IMAGE` fails like a registry without it), and runs the real agent
 (``orchard_env.agent.daemon``) as a host process listening on the pod's IP — a distinct
 loopback address per pod — and the agent port, so what the backend reports as the agent
 endpoint really answers.
@@ -31,7 +30,6 @@ endpoint really answers.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import copy
 import json
@@ -655,7 +653,6 @@ class FakeKubelet:
     node_cpu: float = 8.0
     namespace: str = "orchard-sandboxes"
     missing_images: set[str] = field(default_factory=lambda: {MISSING_IMAGE})
-    secret_retry_seconds: float = 0.05
     # Pod name -> fields the runtime reports in its running main container's status
     # (containerID, imageID: what the snapshot tests point at a real container).
     main_status: dict[str, Obj] = field(default_factory=dict)
@@ -665,7 +662,6 @@ class FakeKubelet:
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
         self._next_ip = 2
-        self.secret_misses: list[str] = []  # pods whose main container waited for its Secret
         self.root = Path(tempfile.mkdtemp(prefix="kubelet-"))
         self.api.listeners.append(self._on_change)
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -787,9 +783,6 @@ class FakeKubelet:
                 }
             self._status(name, {**base, "podIP": ip, **statuses})
             return
-        token = self._token(name, main)
-        if token is None:
-            return
         command = main["command"]
         listen = f"tcp:0.0.0.0:{self.agent_port}"
         if command[-2:] != ["--listen", listen]:
@@ -802,7 +795,6 @@ class FakeKubelet:
             env.update(
                 PATH=os.environ.get("PATH", "/usr/bin:/bin"),
                 HOME=str(root),
-                ORCHARD_AGENT_TOKEN=token,
                 ORCHARD_AGENT_WORKDIR=str(root / "workspace"),
             )
             process = subprocess.Popen(
@@ -857,29 +849,6 @@ class FakeKubelet:
                 ],
             },
         )
-
-    def _token(self, name: str, main: Obj) -> str | None:
-        """The token from the Secret the pod's env names; CreateContainerConfigError and a
-        retry while it does not exist, as a kubelet does."""
-        ref = next(e for e in main["env"] if e["name"] == "ORCHARD_AGENT_TOKEN")
-        secret_ref = ref["valueFrom"]["secretKeyRef"]
-        secret = self.api.get("secrets", self.namespace, secret_ref["name"])
-        if secret is None:
-            self.secret_misses.append(name)
-            pod = self.api.get("pods", self.namespace, name)
-            if pod is None:
-                return None
-            waiting = _waiting(
-                main["name"],
-                "CreateContainerConfigError",
-                f'secret "{secret_ref["name"]}" not found',
-            )
-            self._status(name, {**pod["status"], "containerStatuses": [waiting]})
-            timer = threading.Timer(self.secret_retry_seconds, self._work.put, (("start", name),))
-            timer.daemon = True
-            timer.start()
-            return None
-        return base64.b64decode(secret["data"][secret_ref["key"]]).decode()
 
     @staticmethod
     def _stop(running: _Running) -> None:
