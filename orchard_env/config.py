@@ -109,7 +109,15 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
     Setting("default_workdir", "/workspace", str, "working directory of a new sandbox"),
     Setting("sandbox_ttl_seconds", "7200", _non_negative_int, "lifetime cap; 0 = none"),
     Setting("idle_timeout_seconds", "1800", _non_negative_int, "idle expiry; 0 = none"),
-    Setting("ready_timeout_seconds", "120", _positive_int, "how long a create may take"),
+    Setting(
+        "ready_timeout_seconds",
+        "3600",
+        _positive_int,
+        "how long a sandbox may take to start (image pull included) when it asks for no timeout",
+    ),
+    Setting(
+        "max_ready_timeout_seconds", "7200", _positive_int, "the largest timeout a create may ask"
+    ),
     Setting("reap_interval_seconds", "15", _positive_int, "how often the reaper runs"),
     Setting("max_output_bytes", str(16 * 1024 * 1024), _positive_int, "exec output cap"),
     Setting(
@@ -315,6 +323,7 @@ class ServiceSettings:
     sandbox_ttl_seconds: int
     idle_timeout_seconds: int
     ready_timeout_seconds: int
+    max_ready_timeout_seconds: int
     reap_interval_seconds: int
     max_output_bytes: int
     max_body_bytes: int

@@ -763,15 +763,40 @@ class NodeResources(BaseModel):
     allocatable: ResourceAmounts
 
 
-class ResourcesReport(BaseModel):
-    """``GET /resources``: capacity, what live sandboxes asked for, and what is left."""
+class SandboxPod(BaseModel):
+    """One live sandbox's requests: an entry of upstream's ``sandbox_pods``."""
 
-    backend: str
+    name: str  # the pod (Kubernetes) or the sandbox id (local engine)
+    namespace: str
+    phase: str  # Kubernetes' pod phase: Pending or Running
+    cpu_request: float  # cores
+    memory_request_bytes: int
+    # Orchard extension: the sandbox it is (None for a pod of another service in the namespace)
+    sandbox_id: str | None = None
+
+
+class ResourcesReport(BaseModel):
+    """``GET /resources``: capacity, what live sandboxes asked for, and what is left.
+
+    Upstream's fields come first (``status`` … ``sandbox_pods``); ``totals`` and ``requests``
+    are Orchard's older names for ``total_allocatable`` and ``total_requested``. With
+    ``scope`` ``key`` (a non-admin key) every figure that comes from sandboxes counts only
+    that key's own: ``total_requested``, ``available``, ``sandbox_pods``, ``sandboxes``.
+    """
+
+    status: Literal["ok"] = "ok"
     nodes: list[NodeResources]
-    totals: ResourceAmounts  # allocatable, summed over nodes
-    requests: ResourceAmounts  # summed over live sandboxes
-    available: ResourceAmounts  # totals - requests, never below zero
-    sandboxes: int
+    total_capacity: ResourceAmounts
+    total_allocatable: ResourceAmounts
+    total_requested: ResourceAmounts
+    available: ResourceAmounts  # total_allocatable - total_requested, never below zero
+    sandbox_pods: list[SandboxPod]
+    # Orchard extensions
+    scope: Literal["service", "key"]
+    backend: str
+    totals: ResourceAmounts  # = total_allocatable
+    requests: ResourceAmounts  # = total_requested
+    sandboxes: int  # live sandboxes counted in total_requested
 
 
 class Health(BaseModel):

@@ -61,7 +61,7 @@ class AgentHealth:
         except Exception:  # the engine's view is a better reason, not a required one
             found = None
         if found is not None and found.state in (SandboxState.EXITED, SandboxState.FAILED):
-            reason = dead_reason(found)
+            reason = dead_reason(found, record.memory_bytes)
         await self._fail(record.sandbox_id, reason)
         return False
 

@@ -498,11 +498,14 @@ class JobService:
                     return final
                 error = ConnectionError("the agent ended the stream before the command exited")
             deadline = deadline or loop.time() + RECONNECT_SECONDS
-            current = await self.store.get_sandbox(run.record.sandbox_id)
+            current = await self.sandboxes.check_alive(run.record.sandbox_id)
             if current is None or current.status != SandboxStatus.READY:
                 state = "gone" if current is None else current.status.value
+                why = f": {current.status_message}" if current and current.status_message else ""
                 await self._finalize(
-                    run, JobStatus.FAILED, error=f"sandbox {run.record.sandbox_id} is {state}"
+                    run,
+                    JobStatus.FAILED,
+                    error=f"sandbox {run.record.sandbox_id} is {state}{why}",
                 )
                 return None
             if loop.time() >= deadline:

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from orchard_env.config import ServiceSettings
 from orchard_env.errors import (
+    InvalidRequest,
     LimitExceeded,
     QuotaExceeded,
     SandboxExists,
@@ -86,7 +87,14 @@ def new_sandbox_id() -> str:
     return "sb-" + secrets.token_hex(6)
 
 
-def dead_reason(found: BackendSandbox) -> str:
+def dead_reason(found: BackendSandbox, memory_bytes: int) -> str:
+    """Why a sandbox's container stopped; an out-of-memory kill says so, with the limit."""
+    if found.reason is not None and found.reason.startswith("OOMKilled"):
+        code = f", exit code {found.exit_code}" if found.exit_code is not None else ""
+        return (
+            "OOMKilled: its container was killed for using more than its memory limit of "
+            f"{format_memory(memory_bytes)}{code}; give it more with `memory` at create"
+        )
     details = []
     if found.exit_code is not None:
         details.append(f"exit code {found.exit_code}")
@@ -171,8 +179,13 @@ class SandboxService:
                 hint="delete it and create a new one",
             )
 
-    async def get(self, sandbox_id: str, caller: Caller) -> SandboxInfo:
-        return (await self.get_record(sandbox_id, caller)).to_info(self.settings)
+    async def get(
+        self, sandbox_id: str, caller: Caller, *, include_deleted: bool = False
+    ) -> SandboxInfo:
+        record = await self.get_record(sandbox_id, caller)
+        if record.status == SandboxStatus.DELETED and not include_deleted:
+            self._require_live(record)
+        return record.to_info(self.settings)
 
     async def list(
         self,
@@ -224,6 +237,16 @@ class SandboxService:
                 hint="ask for less, or raise the cap with ORCHARD_EPHEMERAL_STORAGE",
             )
         return cpu, memory, disk
+
+    def _ready_timeout(self, requested: int | None) -> int:
+        limit = self.settings.max_ready_timeout_seconds
+        if requested is not None and requested > limit:
+            raise InvalidRequest(
+                f"timeout: {requested} s is above this service's limit of {limit} s for a "
+                "sandbox to become ready",
+                hint="ask for less, or raise the limit with ORCHARD_MAX_READY_TIMEOUT_SECONDS",
+            )
+        return requested or min(self.settings.ready_timeout_seconds, limit)
 
     async def check_quota(self, caller: Caller, count: int, cpu: float, memory: int) -> None:
         """Refuse (429 ``quota_exceeded``, naming the limit) ``count`` more sandboxes of ``cpu``
@@ -298,9 +321,11 @@ class SandboxService:
             labels=request.labels,
             owner=caller.owner,
             created_at=now,
-            ready_timeout_seconds=request.timeout or self.settings.ready_timeout_seconds,
+            ready_timeout_seconds=self._ready_timeout(request.timeout),
             ttl_seconds=request.ttl_seconds or self.settings.sandbox_ttl_seconds,
-            idle_timeout_seconds=request.idle_timeout_seconds or self.settings.idle_timeout_seconds,
+            # Upstream's clients never heartbeat and upstream never idle-expired them: idle
+            # expiry starts with the first heartbeat unless the request asked for it.
+            idle_timeout_seconds=request.idle_timeout_seconds or 0,
             last_activity_at=now,
             backend=self.backend.name,
             source_snapshot=source_snapshot,
@@ -354,6 +379,7 @@ class SandboxService:
             labels=record.labels,
             pids_limit=pids_for(record.memory_bytes, self.settings.pids_limit),
             ttl_seconds=record.ttl_seconds or None,
+            ready_timeout_seconds=record.ready_timeout_seconds,
             record_annotation=record.annotation(),
             snapshot_id=record.source_snapshot,
         )
@@ -376,9 +402,13 @@ class SandboxService:
                 await self.backend.delete(record.sandbox_id)
             return await self.store.get_sandbox(record.sandbox_id) or record
         if found.state in _DEAD_STATES:
-            ended = await self.end(record.sandbox_id, SandboxStatus.FAILED, dead_reason(found))
+            ended = await self.end(
+                record.sandbox_id, SandboxStatus.FAILED, dead_reason(found, record.memory_bytes)
+            )
             return ended or updated
-        self._start_readiness(record.sandbox_id, record.ready_timeout_seconds)
+        # One deadline for the whole start (an image pull included): the request's timeout.
+        remaining = (record.ready_deadline() - self.clock()).total_seconds()
+        self._start_readiness(record.sandbox_id, max(remaining, 1.0))
         return updated
 
     # --- readiness -----------------------------------------------------------------------------
@@ -447,7 +477,8 @@ class SandboxService:
             )
             return True
         if found.state in _DEAD_STATES:
-            await self.end(record.sandbox_id, SandboxStatus.FAILED, dead_reason(found))
+            reason = dead_reason(found, record.memory_bytes)
+            await self.end(record.sandbox_id, SandboxStatus.FAILED, reason)
             return True
         changes: dict[str, Any] = {}
         if found.agent is not None and found.agent != record.agent:
@@ -514,6 +545,12 @@ class SandboxService:
     async def heartbeat(self, sandbox_id: str, caller: Caller) -> HeartbeatResponse:
         record = await self.get_record(sandbox_id, caller)
         self._require_live(record)
+        if record.idle_timeout_seconds == 0 and self.settings.idle_timeout_seconds:
+            # The first heartbeat: this client keeps its sandbox alive, so idle expiry applies.
+            opted = await self._transition(
+                sandbox_id, LIVE_STATUSES, idle_timeout_seconds=self.settings.idle_timeout_seconds
+            )
+            record = opted or record
         record = await self.touch(sandbox_id, force=True) or record
         return HeartbeatResponse(sandbox_id=sandbox_id, expires_at=record.expires_at())
 
@@ -627,9 +664,29 @@ class SandboxService:
             with contextlib.suppress(Exception):
                 await self.backend.delete(item.sandbox_id)
 
+    async def check_alive(self, sandbox_id: str) -> SandboxRecord | None:
+        """After a broken link to its agent: fail a live sandbox whose container stopped (with
+        the reason), at once rather than at the next reconciliation. Its record after that."""
+        record = await self.store.get_sandbox(sandbox_id)
+        if record is None or not record.live:
+            return record
+        try:
+            found = await self.backend.inspect(sandbox_id)
+        except Exception:
+            return record  # the engine not answering is no verdict
+        if found is None:
+            await self.end(sandbox_id, SandboxStatus.FAILED, "its container disappeared")
+        elif found.state in _DEAD_STATES:
+            reason = dead_reason(found, record.memory_bytes)
+            await self.end(sandbox_id, SandboxStatus.FAILED, reason)
+        else:
+            return record
+        return await self.store.get_sandbox(sandbox_id)
+
     async def _sync(self, record: SandboxRecord, found: BackendSandbox) -> None:
         if found.state in _DEAD_STATES:
-            await self.end(record.sandbox_id, SandboxStatus.FAILED, dead_reason(found))
+            reason = dead_reason(found, record.memory_bytes)
+            await self.end(record.sandbox_id, SandboxStatus.FAILED, reason)
             return
         if found.agent is not None and found.agent != record.agent:
             await self._transition(record.sandbox_id, LIVE_STATUSES, agent=found.agent)

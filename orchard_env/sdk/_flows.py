@@ -203,7 +203,9 @@ def discard(core: ClientCore, sandbox_id: str) -> Flow[bool]:
 
 
 def get_sandbox(core: ClientCore, sandbox_id: str) -> Flow[protocol.SandboxInfo]:
-    data = yield from call(core, Send("GET", _sandbox(sandbox_id)))
+    # A deleted sandbox is 404 to upstream's clients; this SDK shows its record (and why).
+    params = [("include_deleted", "true")]
+    data = yield from call(core, Send("GET", _sandbox(sandbox_id), params=params))
     return protocol.SandboxInfo.model_validate(data)
 
 

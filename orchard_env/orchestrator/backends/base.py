@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from orchard_env.errors import SnapshotNotFound
+from orchard_env.protocol import NodeResources, SandboxPod
 
 SANDBOX_CAPABILITIES = (
     "CHOWN",
@@ -78,6 +79,8 @@ class SandboxSpec:
     labels: dict[str, str] = field(default_factory=dict)  # the user's labels
     pids_limit: int = 4096
     ttl_seconds: int | None = None  # lifetime cap; the orchestrator's reaper enforces it
+    # How long the whole start may take, an image pull included (None: the service's default).
+    ready_timeout_seconds: int | None = None
     # Serialised orchestrator record kept on the container/pod so a restart with lost
     # state can adopt it without guessing (see reconciliation).
     record_annotation: str | None = None
@@ -105,6 +108,16 @@ class SnapshotImage:
 
     ref: str  # what SandboxSpec.image names to restore it
     size_bytes: int  # what it adds on top of the image the sandbox ran (its own layer)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a backend's substrate offers, for ``GET /resources``."""
+
+    nodes: list[NodeResources]  # the machines sandboxes can run on
+    # Every live pod in the sandbox namespace with its requests, where the backend sees them
+    # (Kubernetes); None where the orchestrator's records are the only view (local engine).
+    pods: list[SandboxPod] | None = None
 
 
 def not_your_snapshot(image: str) -> SnapshotNotFound:
@@ -144,6 +157,8 @@ class Backend(Protocol):
       :class:`~orchard_env.errors.NotSupported`) commits a running sandbox's filesystem,
       without the agent's mounts, to an image; running processes are not part of it. A
       restore is a ``create`` whose ``SandboxSpec.image`` is the snapshot's ``ref``.
+    * ``capacity`` reports the nodes sandboxes can run on (capacity and allocatable) and,
+      where the substrate knows them, the requests of the pods there.
     * ``is_snapshot_image`` says whether an image name is under the repository where this
       backend's snapshots live, this deployment's or another's (a name check only, so it
       says nothing about whether the image exists).
@@ -169,6 +184,7 @@ class Backend(Protocol):
 
     async def delete_snapshot(self, ref: str) -> bool: ...
 
+    async def capacity(self) -> Capacity: ...
     def is_snapshot_image(self, image: str) -> bool: ...
 
     async def close(self) -> None: ...

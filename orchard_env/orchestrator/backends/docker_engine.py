@@ -67,13 +67,14 @@ from orchard_env.orchestrator.backends.base import (
     AgentEndpoint,
     BackendSandbox,
     Capability,
+    Capacity,
     SandboxSpec,
     SandboxState,
     SnapshotImage,
     image_repository,
     not_your_snapshot,
 )
-from orchard_env.protocol import check_sandbox_id
+from orchard_env.protocol import NodeResources, ResourceAmounts, check_sandbox_id
 
 LABEL_CREATED_BY = "orchard.created-by"
 LABEL_INSTANCE = "orchard.instance"
@@ -210,7 +211,7 @@ class DockerEngineBackend:
         pull_stall_timeout: float = 10.0,
     ) -> None:
         """``pull_stall_timeout``: a pull that reports no progress for this long fails
-        (whole pulls are capped by ``settings.ready_timeout_seconds``)."""
+        (a whole pull is capped by the sandbox's ready timeout)."""
         if not _INSTANCE_RE.match(settings.instance):
             raise errors.ConfigError(
                 f"instance {settings.instance!r} cannot be part of a container name",
@@ -309,7 +310,9 @@ class DockerEngineBackend:
 
     # -- images ---------------------------------------------------------------------------
 
-    def _ensure_image(self, image: str, snapshot_id: str | None) -> None:
+    def _ensure_image(
+        self, image: str, snapshot_id: str | None, timeout: int | None = None
+    ) -> None:
         try:
             found = self._client.images.get(image)
         except docker.errors.ImageNotFound:
@@ -318,7 +321,7 @@ class DockerEngineBackend:
                     f"snapshot image {image!r} is no longer on this machine's engine",
                     hint="it was removed outside Orchard; take a new snapshot",
                 ) from None
-            reason = self._pull(image)
+            reason = self._pull(image, timeout or self._settings.ready_timeout_seconds)
             if reason is not None:
                 raise errors.ImageNotFound(
                     f"image {image!r} is not on this machine's engine and could not be "
@@ -335,9 +338,9 @@ class DockerEngineBackend:
         ):
             raise not_your_snapshot(image)
 
-    def _pull(self, image: str) -> str | None:
+    def _pull(self, image: str, timeout: int) -> str | None:
         """Pull ``image``; None on success, else the engine's reason. Fails fast: no progress
-        for ``pull_stall_timeout`` seconds, or a pull longer than the ready timeout."""
+        for ``pull_stall_timeout`` seconds, or a pull longer than ``timeout`` seconds."""
         # The SDK's own pull waits forever (timeout=None); this is the same request, bounded.
         api = self._client.api
         repository, tag = docker.utils.parse_repository_tag(image)
@@ -348,7 +351,7 @@ class DockerEngineBackend:
             headers["X-Registry-Auth"] = auth_header
         url = f"{api.base_url}/v{api.api_version}/images/create"
         params = {"fromImage": repository, "tag": tag or "latest"}
-        deadline = time.monotonic() + self._settings.ready_timeout_seconds
+        deadline = time.monotonic() + timeout
         try:
             with api.post(
                 url, params=params, headers=headers, stream=True, timeout=self._pull_stall_timeout
@@ -361,7 +364,9 @@ class DockerEngineBackend:
                         if isinstance(message, dict) and message.get("error"):
                             return str(message["error"])
                     if time.monotonic() > deadline:
-                        return f"the pull took longer than {self._settings.ready_timeout_seconds}s"
+                        return (
+                            f"the pull took longer than the sandbox's ready timeout ({timeout} s)"
+                        )
         except requests.exceptions.RequestException as exc:
             cause = exc.args[0] if exc.args else None
             if isinstance(exc, requests.exceptions.Timeout) or isinstance(
@@ -437,7 +442,7 @@ class DockerEngineBackend:
                 hint="ask for less memory",
             )
         storage_options = self._storage_options(spec)
-        self._ensure_image(spec.image, spec.snapshot_id)
+        self._ensure_image(spec.image, spec.snapshot_id, spec.ready_timeout_seconds)
         if self._get(name) is not None:
             raise errors.SandboxExists(
                 f"sandbox {spec.sandbox_id!r} already exists",
@@ -636,6 +641,18 @@ class DockerEngineBackend:
 
     async def delete_snapshot(self, ref: str) -> bool:
         return await self._call(self._delete_snapshot, ref)
+
+    def _capacity(self) -> Capacity:
+        """The engine's machine, as the engine reports it (it may be remote: DOCKER_HOST)."""
+        info: dict[str, Any] = self._client.info()
+        amounts = ResourceAmounts(
+            cpu=float(info.get("NCPU") or 1), memory_bytes=int(info.get("MemTotal") or 0)
+        )
+        name = str(info.get("Name") or "engine")
+        return Capacity(nodes=[NodeResources(name=name, capacity=amounts, allocatable=amounts)])
+
+    async def capacity(self) -> Capacity:
+        return await self._call(self._capacity)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._client.close)

@@ -71,11 +71,13 @@ from orchard_env.orchestrator.backends.base import (
     AgentEndpoint,
     BackendSandbox,
     Capability,
+    Capacity,
     SandboxSpec,
     SandboxState,
     SnapshotImage,
     image_repository,
 )
+from orchard_env.orchestrator.backends.kube_resources import node_resources, pod_requests
 from orchard_env.protocol import LABEL_VALUE_RE, check_sandbox_id
 from orchard_env.snapshotter.registry import Reference, RegistryClient, load_credentials
 
@@ -1274,6 +1276,45 @@ class KubernetesBackend:
                 f"{ref!r} is not a snapshot image (they are {registry}:<id>)"
             )
         return await asyncio.to_thread(self._delete_manifest, ref)
+
+    def _capacity(self) -> Capacity:
+        """The nodes sandboxes can be scheduled on (``NODE_SELECTOR``), and every pod in the
+        sandbox namespace with its requests (other instances' too: they use the same nodes)."""
+        selector = ",".join(f"{key}={value}" for key, value in NODE_SELECTOR.items())
+        try:
+            nodes = _body(
+                self._core.list_node(
+                    label_selector=selector,
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT,
+                )
+            ).get("items")
+        except ApiException as exc:
+            if exc.status != 403:
+                raise
+            raise errors.OrchardError(
+                f"the orchestrator may not list the cluster's nodes: {_status_message(exc)}",
+                hint="`orchard deploy` grants it (ClusterRole orchard-nodes-<namespace>, "
+                "nodes list only); redeploy with this version",
+            ) from exc
+        pods = _body(
+            self._core.list_namespaced_pod(
+                self._namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
+        ).get("items")
+        found = []
+        for pod in pods or []:
+            labels = pod["metadata"].get("labels") or {}
+            entry = pod_requests(pod, labels[LABEL_SANDBOX_ID] if self._ours(pod) else None)
+            if entry is not None:
+                found.append(entry)
+        return Capacity(nodes=[node_resources(node) for node in nodes or []], pods=found)
+
+    async def capacity(self) -> Capacity:
+        try:
+            return await self._call(self._capacity)
+        except ApiException as exc:
+            raise self._api_error(exc, "list the sandbox pods") from exc
 
     async def close(self) -> None:
         await asyncio.to_thread(self._cache.stop)

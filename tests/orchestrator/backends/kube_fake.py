@@ -3,6 +3,8 @@
 :class:`FakeKubeApi` serves the part of the Kubernetes REST API the backend uses, on
 127.0.0.1, to the real ``kubernetes`` client (through a kubeconfig it writes):
 
+* nodes (``GET /api/v1/nodes``, label selectors; tests set :attr:`FakeKubeApi.nodes`), under
+  the ClusterRole of that rbac.yaml;
 * pods, secrets (``/api/v1``) and networkpolicies (``/apis/networking.k8s.io/v1``) in its
   namespaces: create, get, list (``labelSelector``), delete (``preconditions.uid``), and for
   pods watch streams (chunked JSON lines) from a ``resourceVersion``, with bookmarks when the
@@ -84,16 +86,26 @@ _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 Obj = dict[str, Any]
 
 
-def role_rules(path: Path = RBAC_FILE) -> dict[str, set[str]]:
+def role_rules(path: Path = RBAC_FILE, kind: str = "Role") -> dict[str, set[str]]:
     """resource -> verbs, from the Role `orchard deploy` installs (in the sandbox namespace by
-    default)."""
+    default), or from the ClusterRole beside it (``kind="ClusterRole"``)."""
     rules: dict[str, set[str]] = {}
     for document in yaml.safe_load_all(path.read_text()):
-        if document and document.get("kind") == "Role":
+        if document and document.get("kind") == kind:
             for rule in document["rules"]:
                 for resource in rule["resources"]:
                     rules.setdefault(resource, set()).update(rule["verbs"])
     return rules
+
+
+def node(name: str, labels: dict[str, str], capacity: Obj, allocatable: Obj) -> Obj:
+    """A Node object as the API server lists it (what a kubelet reports)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "uid": str(uuid.uuid4())},
+        "status": {"capacity": capacity, "allocatable": allocatable},
+    }
 
 
 def _now() -> str:
@@ -175,10 +187,13 @@ class FakeKubeApi:
     watch_gate: threading.Event = field(default_factory=threading.Event)
     # Namespace -> the rbac.yaml whose Role the orchestrator has there (default: RBAC_FILE's).
     namespace_rbac: dict[str, Path] = field(default_factory=dict)
+    # Cluster-scoped Nodes by name (``GET /api/v1/nodes``, under the ClusterRole's rules).
+    nodes: dict[str, Obj] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.watch_gate.set()
         self.rules = role_rules()
+        self.cluster_rules = role_rules(kind="ClusterRole")
         self.namespace_rules = {ns: role_rules(path) for ns, path in self.namespace_rbac.items()}
         self._objects: dict[tuple[str, str, str], Obj] = {}
         self._events: list[_Event] = []
@@ -416,9 +431,36 @@ class FakeKubeApi:
             raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found')
         return namespace, resource, name
 
+    def _nodes(self, method: str, query: dict[str, str], headers: Any) -> tuple[int, Obj]:
+        if headers.get("Authorization") != f"Bearer {TOKEN}":
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        if method != "GET" or "list" not in self.cluster_rules.get("nodes", set()):
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'nodes is forbidden: User "{USER}" cannot {method.lower()} resource "nodes" '
+                'in API group "" at the cluster scope',
+            )
+        selector = query.get("labelSelector", "")
+        with self._changed:
+            items = [
+                copy.deepcopy(obj)
+                for _, obj in sorted(self.nodes.items())
+                if _matches(obj["metadata"].get("labels") or {}, selector)
+            ]
+            version = str(self._revision)
+        return 200, {
+            "apiVersion": "v1",
+            "kind": "NodeList",
+            "metadata": {"resourceVersion": version},
+            "items": items,
+        }
+
     def _answer(
         self, method: str, path: str, query: dict[str, str], body: Any, headers: Any
     ) -> tuple[int, Obj]:
+        if path == "/api/v1/nodes":
+            return self._nodes(method, query, headers)
         match = _PATH.match(path)
         has_name = match is not None and match["name"] is not None
         verb = {

@@ -417,3 +417,14 @@ async def test_a_killed_sandbox_is_reported_exited_with_its_code(
     assert exited.reason == (
         "exited with code 137: killed by SIGKILL (e.g. the out-of-memory killer)"
     )
+
+
+async def test_capacity_is_the_engine_machine(backend: DockerEngineBackend) -> None:
+    """What the engine reports as its machine (it may be remote): cores and memory."""
+    info = await asyncio.to_thread(backend._client.info)
+    capacity = await backend.capacity()
+    (node,) = capacity.nodes
+    assert node.name == info["Name"] and capacity.pods is None
+    assert node.capacity.cpu == float(info["NCPU"]) >= 1
+    assert node.capacity.memory_bytes == info["MemTotal"] > 0
+    assert node.allocatable == node.capacity
