@@ -12,8 +12,10 @@ from rich.console import Console
 
 from orchard_env.sdk import SandboxClient
 
+CLI_ERROR = 125  # an error of the CLI itself (docker's code): never a remote command's
+
 out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 ContextOpt = Annotated[
     str | None,
@@ -38,6 +40,14 @@ ApiKeyOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON to stdout instead of a table.")]
+UseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--use",
+        help="Make the context written the current one (`orchard context use`). Without it "
+        "the current context changes only when there is none yet.",
+    ),
+]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 
 
@@ -62,7 +72,7 @@ def confirm(question: str, *, yes: bool) -> None:
         return
     if not sys.stdin.isatty():
         err.print(f"{question} Rerun with --yes to confirm (no terminal to ask on).")
-        raise typer.Exit(2)
+        raise typer.Exit(CLI_ERROR)
     if not typer.confirm(question, err=True):
         raise typer.Exit(1)
 

@@ -21,7 +21,7 @@ from orchard_cli import (
     smoke,
     snapshot,
 )
-from orchard_cli.console import err
+from orchard_cli.console import CLI_ERROR, err
 from orchard_env import __version__
 from orchard_env.errors import OrchardError
 
@@ -61,18 +61,23 @@ def _root(
     """Sandboxes for training and evaluating AI agents."""
 
 
+def _error(message: str, hint: str | None = None) -> None:
+    err.print(Text.assemble(("Error: ", "bold red"), message))
+    if hint:
+        err.print(Text.assemble(("Hint: ", "dim"), hint))
+
+
 def main() -> None:
-    """Entry point: user mistakes print a message and a hint, never a traceback."""
+    """Entry point: user mistakes print a message and a hint, never a traceback; errors of
+    the CLI itself exit 125 (docker's convention), so they never pass for a command's code."""
     debug = os.environ.get("ORCHARD_DEBUG") == "1"
     try:
         code = app(standalone_mode=False)
     except OrchardError as exc:
         if debug:
             raise
-        err.print(Text.assemble(("Error: ", "bold red"), exc.message))
-        if exc.hint:
-            err.print(Text.assemble(("Hint: ", "dim"), exc.hint))
-        sys.exit(1)
+        _error(exc.message, exc.hint)
+        sys.exit(CLI_ERROR)
     except (typer.Abort, KeyboardInterrupt):
         err.print("Interrupted.")
         sys.exit(130)
@@ -80,7 +85,24 @@ def main() -> None:
         show = getattr(exc, "show", None)
         if callable(show):
             show()
-        sys.exit(int(getattr(exc, "exit_code", 2)))
+        sys.exit(CLI_ERROR)
+    except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, like a pipe does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
+    except OSError as exc:  # a local file or terminal the command needed
+        if debug:
+            raise
+        where = f": {exc.filename}" if exc.filename else ""
+        _error(f"{exc.strerror or exc}{where}", "check the path and its permissions")
+        sys.exit(CLI_ERROR)
+    except Exception as exc:  # a bug: still one line, the traceback on request
+        if debug:
+            raise
+        _error(
+            f"internal error: {type(exc).__name__}: {exc}",
+            "rerun with ORCHARD_DEBUG=1 for the traceback, and report it",
+        )
+        sys.exit(CLI_ERROR)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from orchard_cli.console import (
+    CLI_ERROR,
     ApiKeyOpt,
     ContextOpt,
     JsonOpt,
@@ -165,38 +168,97 @@ def exec_(
         bool,
         typer.Option("--stdin", "-s", help="Send this command's standard input to the command."),
     ] = False,
+    job_id: Annotated[
+        str | None,
+        typer.Option(
+            "--job-id",
+            help="Job id. Given the id of a job still known, with the same command, exec "
+            "re-attaches to it and replays its output instead of starting it again.",
+            show_default=False,
+        ),
+    ] = None,
+    detach_on_interrupt: Annotated[
+        bool,
+        typer.Option(
+            "--detach-on-interrupt",
+            help="On Ctrl-C keep the command running (and say how to re-attach) instead of "
+            "cancelling it.",
+        ),
+    ] = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """Run a command, stream its output, and exit with its exit code (124 on timeout)."""
+    """Run a command, stream its output, and exit with its exit code: 124 on timeout, 128+n
+    when a signal n killed it (137 for SIGKILL), 125 for an error of orchard itself.
+
+    Ctrl-C cancels the command in the sandbox (exit 130) and prints its job id;
+    --detach-on-interrupt leaves it running instead.
+    """
     argv: str | list[str] = command[0] if len(command) == 1 else command
     data = sys.stdin.buffer.read() if stdin else None
+    started: str | None = job_id
     with connect(url, api_key, context) as client:
         sandbox = client.get_sandbox(sandbox_id)
         final = None
-        for event in sandbox.exec_stream(
-            argv, cwd=cwd, env=_pairs(env, "env"), timeout=timeout, login_shell=login, stdin=data
-        ):
-            if event.event == "stdout" and event.data:
-                sys.stdout.write(event.data)
-                sys.stdout.flush()
-            elif event.event == "stderr" and event.data:
-                sys.stderr.write(event.data)
-                sys.stderr.flush()
-            elif event.event == "exit":
-                final = event.job
+        events = sandbox.exec_stream(
+            argv,
+            cwd=cwd,
+            env=_pairs(env, "env"),
+            timeout=timeout,
+            login_shell=login,
+            stdin=data,
+            job_id=job_id,
+            cancel_on_interrupt=not detach_on_interrupt,
+        )
+        try:
+            for event in events:
+                if event.event == "started":
+                    started = event.job_id
+                elif event.event == "stdout" and event.data:
+                    sys.stdout.write(event.data)
+                    sys.stdout.flush()
+                elif event.event == "stderr" and event.data:
+                    sys.stderr.write(event.data)
+                    sys.stderr.flush()
+                elif event.event == "exit":
+                    final = event.job
+        except KeyboardInterrupt:
+            _interrupted(sandbox_id, started, command, detach_on_interrupt)
+            raise typer.Exit(130) from None
     if final is None:
         err.print("[red]The output stream ended without an exit status.[/]")
-        raise typer.Exit(1)
+        raise typer.Exit(CLI_ERROR)
     if final.truncated:
         err.print("[yellow]Output was truncated at the service's cap.[/]")
     if final.timed_out:
         err.print(f"[red]Timed out after {timeout} s.[/]")
         raise typer.Exit(124)
     if final.error:
-        err.print(f"[red]{final.error}[/]")
-    raise typer.Exit(final.exit_code if final.exit_code is not None else 1)
+        err.print(f"[red]{escape(final.error)}[/]")
+    raise typer.Exit(exit_status(final.exit_code))
+
+
+def exit_status(code: int | None) -> int:
+    """A remote exit code as a shell reports it: -n (killed by signal n) is 128+n."""
+    if code is None:
+        return CLI_ERROR
+    return 128 - code if code < 0 else code
+
+
+def _interrupted(sandbox_id: str, job_id: str | None, command: list[str], detached: bool) -> None:
+    if job_id is None:
+        err.print("Interrupted before the command started.")
+        return
+    again = shlex.join(["orchard", "sandbox", "exec", sandbox_id, "--job-id", job_id, "--"])
+    again += " " + shlex.join(command)
+    if detached:
+        err.print(f"Detached: job {job_id} keeps running. Re-attach with:\n  {again}")
+    else:
+        err.print(
+            f"Interrupted: job {job_id} was cancelled in the sandbox "
+            "(--detach-on-interrupt keeps a command running instead)."
+        )
 
 
 @app.command()
@@ -215,7 +277,15 @@ def shell(
 
     with connect(url, api_key, context) as client:
         code = run_interactive(client.get_sandbox(sandbox_id), cmd, login_shell=login)
-    raise typer.Exit(code)
+    raise typer.Exit(exit_status(code))
+
+
+def _read_local(path: Path, what: str) -> str:
+    if not path.exists():
+        raise InvalidRequest(f"{what} {path} does not exist", hint="check the path")
+    if path.is_dir():
+        raise InvalidRequest(f"{what} {path} is a directory", hint="give a file")
+    return path.read_text()
 
 
 def _split_remote(spec: str) -> tuple[str | None, str]:
@@ -303,7 +373,7 @@ def patch(
     context: ContextOpt = None,
 ) -> None:
     """Apply a patch with git apply inside the sandbox."""
-    text = sys.stdin.read() if patch_file == "-" else Path(patch_file).read_text()
+    text = sys.stdin.read() if patch_file == "-" else _read_local(Path(patch_file), "patch file")
     with connect(url, api_key, context) as client:
         result = client.get_sandbox(sandbox_id).apply_patch(
             text, cwd=cwd, check=check, three_way=three_way, reverse=reverse

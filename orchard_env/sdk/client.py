@@ -6,6 +6,7 @@ Everything here is I/O: the requests, retries and decisions are the flows of
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -328,24 +329,30 @@ class SandboxClient(ClientView):
         return response
 
     def _exec_events(
-        self, sandbox_id: str, request: protocol.ExecRequest
+        self, sandbox_id: str, request: protocol.ExecRequest, *, cancel_on_interrupt: bool
     ) -> Iterator[protocol.ExecEvent]:
         replay = flows.StreamReplay(self._core, sandbox_id)
-        while True:
-            response = self._run(flows.open_exec_stream(self._core, sandbox_id, request))
-            failure: httpx.TransportError | None = None
-            try:
-                for line in response.iter_lines():
-                    event = replay.feed(line)
-                    if event is not None:
-                        yield event
-                    if replay.final is not None:
-                        return
-            except httpx.TransportError as exc:
-                failure = exc
-            finally:
-                response.close()
-            self._sleep(replay.reconnect_delay(failure))
+        try:
+            while True:
+                response = self._run(flows.open_exec_stream(self._core, sandbox_id, request))
+                failure: httpx.TransportError | None = None
+                try:
+                    for line in response.iter_lines():
+                        event = replay.feed(line)
+                        if event is not None:
+                            yield event
+                        if replay.final is not None:
+                            return
+                except httpx.TransportError as exc:
+                    failure = exc
+                finally:
+                    response.close()
+                self._sleep(replay.reconnect_delay(failure))
+        except KeyboardInterrupt:
+            if cancel_on_interrupt and replay.final is None and request.job_id is not None:
+                with contextlib.suppress(errors.OrchardError):
+                    self.cancel_job(request.job_id)
+            raise
 
 
 class Sandbox(SandboxBase):
@@ -454,12 +461,16 @@ class Sandbox(SandboxBase):
         *,
         stdin: str | bytes | None = None,
         job_id: str | None = None,
+        cancel_on_interrupt: bool = True,
     ) -> Iterator[protocol.ExecEvent]:
         """Run a command and yield its output as it happens.
 
         Events: ``started``, then ``stdout``/``stderr`` text chunks, then one ``exit`` whose
         ``job`` is the final result. A dropped connection re-attaches to the same job
-        without repeating output already yielded.
+        without repeating output already yielded; so does calling again with the same
+        ``job_id`` and command. Ctrl-C (``KeyboardInterrupt``) while waiting cancels the
+        command in the sandbox before it propagates, unless ``cancel_on_interrupt=False``
+        (the job keeps running; re-attach with its ``job_id``).
         """
         request = flows.exec_request(
             command,
@@ -472,7 +483,9 @@ class Sandbox(SandboxBase):
             wait=False,
             check=False,
         )
-        return self._client._exec_events(self.sandbox_id, request)
+        return self._client._exec_events(
+            self.sandbox_id, request, cancel_on_interrupt=cancel_on_interrupt
+        )
 
     def exec_streamed(
         self,
@@ -487,14 +500,24 @@ class Sandbox(SandboxBase):
         stdin: str | bytes | None = None,
         check: bool = False,
         job_id: str | None = None,
+        cancel_on_interrupt: bool = True,
     ) -> ExecResult:
         """Like :meth:`exec`, but output goes to ``stdout``/``stderr`` as it arrives.
 
         A sink is a text stream (default: this process's) or a callable taking each chunk.
+        Ctrl-C cancels the command unless ``cancel_on_interrupt=False`` (see
+        :meth:`exec_stream`).
         """
         final: protocol.Job | None = None
         for event in self.exec_stream(
-            command, timeout, cwd, env, login_shell, stdin=stdin, job_id=job_id
+            command,
+            timeout,
+            cwd,
+            env,
+            login_shell,
+            stdin=stdin,
+            job_id=job_id,
+            cancel_on_interrupt=cancel_on_interrupt,
         ):
             if event.event == "stdout":
                 emit(stdout or sys.stdout, event.data)

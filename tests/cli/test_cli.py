@@ -65,7 +65,7 @@ def test_help_does_not_import_heavy_sdks() -> None:
 def test_user_mistake_prints_message_and_hint_without_traceback(isolated: Path) -> None:
     env = {"ORCHARD_CONFIG": str(isolated), "PATH": "/usr/bin:/bin"}
     result = _main("sandbox", "create", "--label", "novalue", env=env)
-    assert result.returncode == 1
+    assert result.returncode == 125
     assert result.stdout == ""
     assert "Error: label 'novalue' is not KEY=VALUE" in result.stderr
     assert "Hint: for example --label team=rl" in result.stderr
@@ -75,27 +75,27 @@ def test_user_mistake_prints_message_and_hint_without_traceback(isolated: Path) 
 def test_unreachable_service_is_one_clear_error(isolated: Path) -> None:
     env = {"ORCHARD_CONFIG": str(isolated), "PATH": "/usr/bin:/bin"}
     result = _main("sandbox", "list", "--url", "http://127.0.0.1:9", env=env)
-    assert result.returncode == 1
+    assert result.returncode == 125
     assert "Error:" in result.stderr and "127.0.0.1:9" in result.stderr
     assert "orchard up" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_usage_error_exits_2() -> None:
+def test_usage_error_exits_125() -> None:
     result = _main("sandbox", "create", "--no-such-flag")
-    assert result.returncode == 2
+    assert result.returncode == 125
     assert "No such option" in result.stderr
 
 
 def test_destructive_command_without_tty_demands_yes(tmp_path: Path) -> None:
     result = runner.invoke(app, ["down", "--state-dir", str(tmp_path)], input="")
-    assert result.exit_code == 2
+    assert result.exit_code == 125
     assert "Rerun with --yes" in result.output
 
 
 def test_cp_needs_exactly_one_remote_side(tmp_path: Path) -> None:
     result = _main("sandbox", "cp", "a.txt", "b.txt")
-    assert result.returncode == 1
+    assert result.returncode == 125
     assert "exactly one side of cp must be SANDBOX:PATH" in result.stderr
 
 
@@ -109,7 +109,7 @@ def test_context_commands(isolated: Path) -> None:
     assert runner.invoke(app, ["context", "use", "prod"]).exit_code == 0
     assert config.load_config_file()["current_context"] == "prod"
     missing = _main("context", "use", "nope", env={"ORCHARD_CONFIG": str(isolated)})
-    assert missing.returncode == 1 and "no context named 'nope'" in missing.stderr
+    assert missing.returncode == 125 and "no context named 'nope'" in missing.stderr
 
 
 def test_status_of_a_service_that_never_ran(tmp_path: Path) -> None:
@@ -120,5 +120,5 @@ def test_status_of_a_service_that_never_ran(tmp_path: Path) -> None:
 
 def test_unknown_target_is_refused(tmp_path: Path) -> None:
     result = _main("up", "--target", "mars", "--state-dir", str(tmp_path))
-    assert result.returncode == 1
+    assert result.returncode == 125
     assert "unknown target 'mars'" in result.stderr
