@@ -298,14 +298,25 @@ def _split_remote(spec: str) -> tuple[str | None, str]:
 @app.command()
 def cp(
     source: Annotated[
-        str, typer.Argument(help="LOCAL_PATH or SANDBOX:PATH ('-' is stdin/stdout).")
+        str, typer.Argument(help="LOCAL_PATH, SANDBOX:PATH, or '-' (a tar stream on stdin).")
     ],
-    dest: Annotated[str, typer.Argument(help="LOCAL_PATH or SANDBOX:PATH.")],
+    dest: Annotated[
+        str, typer.Argument(help="LOCAL_PATH, SANDBOX:PATH, or '-' (a tar stream on stdout).")
+    ],
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """Copy a file into or out of a sandbox (binary-safe, streamed)."""
+    """Copy files or directories into or out of a sandbox, like `docker cp`.
+
+    Directories are copied recursively. A destination that ends in / or is an existing
+    directory receives the source under its own name; SRC/. copies a directory's contents.
+    '-' as the source reads a tar archive from stdin and extracts it into a sandbox
+    directory; '-' as the destination writes the sandbox path to stdout as a tar archive.
+    Symlinks and special files are skipped (and named).
+    """
+    from orchard_env.sdk import copy
+
     src_id, src_path = _split_remote(source)
     dst_id, dst_path = _split_remote(dest)
     if (src_id is None) == (dst_id is None):
@@ -317,22 +328,22 @@ def cp(
         if dst_id is not None:
             sandbox = client.get_sandbox(dst_id)
             if src_path == "-":
-                sandbox.upload_content(sys.stdin.buffer.read(), dst_path)
+                report = copy.tar_in(sandbox, sys.stdin.buffer, dst_path)
             else:
-                local = Path(src_path)
-                if not local.is_file():
-                    raise InvalidRequest(f"{src_path} is not a file", hint="cp copies single files")
-                sandbox.upload_file(local, dst_path)
+                report = copy.copy_in(sandbox, src_path, dst_path)
+            where = f"{dst_id}:{dst_path}"
         else:
             assert src_id is not None
             sandbox = client.get_sandbox(src_id)
             if dst_path == "-":
-                sys.stdout.buffer.write(sandbox.download_content(src_path))
+                report = copy.tar_out(sandbox, src_path, sys.stdout.buffer)
+                sys.stdout.buffer.flush()
             else:
-                target = Path(dst_path)
-                if target.is_dir():
-                    target = target / Path(src_path).name
-                sandbox.download_file(src_path, target)
+                report = copy.copy_out(sandbox, src_path, dst_path)
+            where = "stdout" if dst_path == "-" else dst_path
+    for path in report.skipped:
+        err.print(f"[yellow]skipped[/] {escape(path)} (not a regular file or directory)")
+    err.print(f"Copied {report.files} file(s), {report.bytes} bytes, to {escape(where)}.")
 
 
 @app.command()
