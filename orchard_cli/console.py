@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import BaseModel
 from rich.console import Console
 
-from orchard_env.sdk import SandboxClient
+if TYPE_CHECKING:
+    from orchard_env.sdk import SandboxClient
 
 CLI_ERROR = 125  # an error of the CLI itself (docker's code): never a remote command's
 
@@ -51,18 +51,19 @@ UseOpt = Annotated[
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 
 
+def encode(value: Any) -> Any:
+    """Plain data from pydantic models (and lists and dicts of them), JSON's types only."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, list | tuple):
+        return [encode(item) for item in value]
+    if isinstance(value, dict):
+        return {key: encode(item) for key, item in value.items()}
+    return value
+
+
 def print_json(data: Any) -> None:
     """Write JSON to stdout (pydantic models and lists of them included)."""
-
-    def encode(value: Any) -> Any:
-        if isinstance(value, BaseModel):
-            return value.model_dump(mode="json")
-        if isinstance(value, list | tuple):
-            return [encode(item) for item in value]
-        if isinstance(value, dict):
-            return {key: encode(item) for key, item in value.items()}
-        return value
-
     sys.stdout.write(json.dumps(encode(data), indent=2, default=str) + "\n")
 
 
@@ -79,4 +80,6 @@ def confirm(question: str, *, yes: bool) -> None:
 
 def connect(url: str | None, api_key: str | None, context: str | None) -> SandboxClient:
     """An SDK client for the resolved service. Sandboxes the CLI creates are kept on exit."""
+    from orchard_env.sdk import SandboxClient
+
     return SandboxClient(base_url=url, api_key=api_key, context=context, auto_cleanup=False)

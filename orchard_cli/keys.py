@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from orchard_cli.console import (
     ApiKeyOpt,
@@ -17,6 +16,10 @@ from orchard_cli.console import (
     out,
     print_json,
 )
+from orchard_cli.output import Column, OutputOpt, QuietOpt, emit_list, output_format, when
+
+if TYPE_CHECKING:
+    from orchard_env.protocol import KeyInfo
 
 app = typer.Typer(
     help="Create, list and revoke API keys (needs an admin key).", no_args_is_help=True
@@ -63,29 +66,29 @@ def create(
         )
 
 
+KEY_COLUMNS: tuple[Column[KeyInfo], ...] = (
+    Column("KEY ID", lambda key: key.key_id),
+    Column("NAME", lambda key: key.name),
+    Column("ADMIN", lambda key: "yes" if key.admin else ""),
+    Column("CREATED", lambda key: when(key.created_at)),
+    Column("REVOKED", lambda key: when(key.revoked_at)),
+)
+
+
 @app.command("list")
 def list_(
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
     """List keys (never their secrets)."""
+    fmt = output_format(output, json_=json_, quiet=quiet)
     with connect(url, api_key, context) as client:
         keys = client.list_keys()
-    if json_:
-        print_json(keys)
-        return
-    table = Table("KEY ID", "NAME", "ADMIN", "CREATED", "REVOKED")
-    for key in keys:
-        table.add_row(
-            key.key_id,
-            key.name,
-            "yes" if key.admin else "",
-            key.created_at.strftime("%Y-%m-%d %H:%M"),
-            key.revoked_at.strftime("%Y-%m-%d %H:%M") if key.revoked_at else "",
-        )
-    out.print(table)
+    emit_list(keys, KEY_COLUMNS, fmt, kind="key", key=lambda key: key.key_id)
 
 
 @app.command()

@@ -5,11 +5,10 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from orchard_cli.console import (
     CLI_ERROR,
@@ -24,9 +23,21 @@ from orchard_cli.console import (
     out,
     print_json,
 )
+from orchard_cli.output import (
+    Column,
+    OutputOpt,
+    QuietOpt,
+    emit_list,
+    emit_one,
+    output_format,
+    pairs,
+    when,
+)
 from orchard_env.errors import InvalidRequest
-from orchard_env.protocol import SandboxInfo
 from orchard_env.smoke import DEFAULT_IMAGE
+
+if TYPE_CHECKING:
+    from orchard_env.protocol import FileEntry, SandboxInfo
 
 app = typer.Typer(help="Create, drive and delete sandboxes.", no_args_is_help=True)
 
@@ -51,22 +62,30 @@ def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
     return pairs
 
 
-def _table(sandboxes: list[SandboxInfo]) -> Table:
-    table = Table("STATUS", "IMAGE", "CPU", "MEMORY", "NETWORK", "LABELS", "CREATED")
-    table.add_column("ID", no_wrap=True)
-    table.columns.insert(0, table.columns.pop())
-    for sb in sandboxes:
-        table.add_row(
-            sb.sandbox_id,
-            sb.status.value,
-            sb.image,
-            sb.cpu,
-            sb.memory,
-            "blocked" if sb.block_network else "open",
-            ",".join(f"{k}={v}" for k, v in sb.labels.items()),
-            sb.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-        )
-    return table
+SANDBOX_COLUMNS: tuple[Column[SandboxInfo], ...] = (
+    Column("ID", lambda sb: sb.sandbox_id),
+    Column("STATUS", lambda sb: sb.status.value),
+    Column("IMAGE", lambda sb: sb.image),
+    Column("CPU", lambda sb: sb.cpu),
+    Column("MEMORY", lambda sb: sb.memory),
+    Column("NETWORK", lambda sb: "blocked" if sb.block_network else "open"),
+    Column("LABELS", lambda sb: pairs(sb.labels)),
+    Column("CREATED", lambda sb: when(sb.created_at)),
+    Column("EXPIRES", lambda sb: when(sb.expires_at), wide=True),
+    Column("LAST ACTIVITY", lambda sb: when(sb.last_activity_at), wide=True),
+    Column("SNAPSHOT", lambda sb: sb.source_snapshot or "", wide=True),
+    Column("OWNER", lambda sb: sb.owner or "", wide=True),
+    Column("BACKEND", lambda sb: sb.backend, wide=True),
+    Column("MESSAGE", lambda sb: sb.status_message, wide=True),
+)
+
+
+FILE_COLUMNS: tuple[Column[FileEntry], ...] = (
+    Column("TYPE", lambda entry: entry.type),
+    Column("SIZE", lambda entry: str(entry.size)),
+    Column("MODIFIED", lambda entry: when(entry.modified)),
+    Column("NAME", lambda entry: entry.name),
+)
 
 
 @app.command()
@@ -91,6 +110,7 @@ def create(
     context: ContextOpt = None,
 ) -> None:
     """Create a sandbox, wait until it is ready and print its id."""
+    labels, variables = _pairs(label, "label"), _pairs(env, "env")
     with connect(url, api_key, context) as client, err.status(f"creating a sandbox from {image}"):
         sb = client.create_sandbox(
             image,
@@ -98,8 +118,8 @@ def create(
             sandbox_id=sandbox_id,
             cpu=cpu,
             memory=memory,
-            labels=_pairs(label, "label"),
-            env=_pairs(env, "env"),
+            labels=labels,
+            env=variables,
             workdir=workdir,
             ttl_seconds=ttl,
             idle_timeout_seconds=idle_timeout,
@@ -114,38 +134,34 @@ def create(
 def list_(
     label: LabelOpt = None,
     status: Annotated[str | None, typer.Option("--status", help="Only this status.")] = None,
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
     """List sandboxes, filtered by label and status."""
+    fmt = output_format(output, json_=json_, quiet=quiet)
     with connect(url, api_key, context) as client:
         sandboxes = client.list_sandboxes(labels=_pairs(label, "label") or None, status=status)
-    if json_:
-        print_json(sandboxes)
-    else:
-        out.print(_table(sandboxes))
+    emit_list(sandboxes, SANDBOX_COLUMNS, fmt, kind="sandbox", key=lambda sb: sb.sandbox_id)
 
 
 @app.command()
 def get(
     sandbox_id: IdArg,
+    output: OutputOpt = None,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
     """Show one sandbox."""
+    fmt = output_format(output, json_=json_)
     with connect(url, api_key, context) as client:
         info = client.get_sandbox(sandbox_id).info
-    if json_:
-        print_json(info)
-        return
-    table = Table(show_header=False, box=None)
-    for key, value in info.model_dump(mode="json").items():
-        table.add_row(key, "" if value is None else str(value))
-    out.print(table)
+    emit_one(info, fmt, kind="sandbox", key=info.sandbox_id)
 
 
 @app.command("exec")
@@ -350,23 +366,18 @@ def cp(
 def ls(
     sandbox_id: IdArg,
     path: Annotated[str, typer.Argument(help="Directory in the sandbox.")] = "/workspace",
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """List a directory in a sandbox."""
+    """List a directory in a sandbox (-q: names only)."""
+    fmt = output_format(output, json_=json_, quiet=quiet)
     with connect(url, api_key, context) as client:
         entries = client.get_sandbox(sandbox_id).list_files(path)
-    if json_:
-        print_json(entries)
-        return
-    table = Table("TYPE", "SIZE", "MODIFIED", "NAME", box=None)
-    for entry in entries:
-        table.add_row(
-            entry.type, str(entry.size), entry.modified.strftime("%Y-%m-%d %H:%M"), entry.name
-        )
-    out.print(table)
+    emit_list(entries, FILE_COLUMNS, fmt, kind="file", key=lambda entry: entry.name)
 
 
 @app.command()

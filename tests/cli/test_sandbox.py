@@ -4,7 +4,9 @@ subprocess) against a live orchestrator: docker cp's rules, exit codes, Ctrl-C."
 from __future__ import annotations
 
 import io
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchard_env.sdk import SandboxClient
 from tests.cli.conftest import run_orchard
@@ -153,3 +156,44 @@ def test_ctrl_c_cancels_the_remote_command_unless_detached(
         else:
             assert b"was cancelled in the sandbox" in stderr
             assert client.wait_job(job.job_id, timeout=30).is_complete
+
+
+def test_list_output_formats_like_kubectl(sandbox_id: str) -> None:
+    labels = [f"k{i}={'v' * 60}" for i in range(3)]
+    long_label = ",".join(labels)  # 200 characters: wider than any terminal default
+    ok(run_orchard("sandbox", "create", *(f"--label={label}" for label in labels)))
+    table = ok(run_orchard("sandbox", "list")).stdout.decode().splitlines()
+    headers = ["ID", "STATUS", "IMAGE", "CPU", "MEMORY", "NETWORK", "LABELS", "CREATED"]
+    assert table[0].split() == headers  # every column, though stdout is a pipe
+    assert any(long_label in line for line in table[1:])  # never truncated or wrapped
+    assert len(table) == 3
+    wide = ok(run_orchard("sandbox", "list", "-o", "wide")).stdout.decode().splitlines()
+    assert wide[0].split()[: len(headers)] == headers and "EXPIRES" in wide[0]
+    ids = ok(run_orchard("sandbox", "list", "-q")).stdout.decode().split()
+    assert sandbox_id in ids and len(ids) == 2
+    names = ok(run_orchard("sandbox", "list", "-o", "name")).stdout.decode().split()
+    assert sorted(names) == sorted(f"sandbox/{i}" for i in ids)
+    as_json = json.loads(ok(run_orchard("sandbox", "list", "-o", "json")).stdout)
+    assert as_json == json.loads(ok(run_orchard("sandbox", "list", "--json")).stdout)
+    as_yaml = yaml.safe_load(ok(run_orchard("sandbox", "list", "-o", "yaml")).stdout)
+    assert as_yaml == as_json
+    got = ok(run_orchard("sandbox", "get", sandbox_id, "-o", "name")).stdout
+    assert got == f"sandbox/{sandbox_id}\n".encode()
+    bad = run_orchard("sandbox", "list", "-o", "xml")
+    assert bad.returncode == 125 and b"unknown output format 'xml'" in bad.stderr
+    both = run_orchard("sandbox", "list", "--json", "-q")
+    assert both.returncode == 125 and b"choose one output format" in both.stderr
+
+
+COLOUR = re.compile(rb"\x1b\[(?:[0-9]+;)*(?:3[0-8]|9[0-7])[;m]")  # an SGR foreground colour
+
+
+def test_no_color_is_respected(live: Live) -> None:
+    env = {**os.environ, "FORCE_COLOR": "1"}
+    args = [*ENTRY, "sandbox", "get", "sb-nope"]
+    colored = subprocess.run(args, capture_output=True, env=env, check=False, timeout=60)
+    assert COLOUR.search(colored.stderr)  # a terminal would get colours...
+    plain = subprocess.run(
+        args, capture_output=True, env={**env, "NO_COLOR": "1"}, check=False, timeout=60
+    )
+    assert plain.returncode == 125 and not COLOUR.search(plain.stderr)  # ...unless NO_COLOR
