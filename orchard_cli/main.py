@@ -25,9 +25,28 @@ from orchard_cli.console import CLI_ERROR, err
 from orchard_env import __version__
 from orchard_env.errors import OrchardError
 
+EPILOG = "\n\n".join(
+    (
+        "Which service: every command acts on one context, chosen once: --context, else "
+        "ORCHARD_CONTEXT, else the current context (`orchard context use`), else `local`; "
+        "--url and --api-key (ORCHARD_URL, ORCHARD_API_KEY) override its parts. `up` writes "
+        "a context but makes it the current one only with --use or when there is none yet.",
+        "Exit codes: 0 success; `sandbox exec` and `shell` pass the remote command's code "
+        "through, 124 when it timed out, 128+n when signal n killed it (137: SIGKILL); 125 an "
+        "error of orchard itself (bad flag or value, unreachable service, unknown sandbox, "
+        "refused confirmation), never a command's; 130 interrupted (Ctrl-C); 3 `status` of a "
+        "service that is not running; 1 a check that failed (`smoke`, `sandbox patch`, a "
+        "partial `fork`).",
+        "Output: data on stdout, everything else on stderr; list and get commands take -o "
+        "json|yaml|wide|name (and --json), list commands -q for ids only; tables are never "
+        "truncated. NO_COLOR turns colours off.",
+    )
+)
+
 app = typer.Typer(
     name="orchard",
     help="Sandboxes for training and evaluating AI agents.",
+    epilog=EPILOG,
     no_args_is_help=True,
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 from pathlib import Path
@@ -109,8 +110,14 @@ def create(
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """Create a sandbox, wait until it is ready and print its id."""
+    """Create a sandbox, wait until it is ready and print its id.
+
+    Quantities are Kubernetes': --memory 8G is 8x10^9 bytes (7.45 GiB), 8Gi is 8 GiB;
+    --cpu 500m is half a core. The parsed values are echoed on stderr.
+    """
     labels, variables = _pairs(label, "label"), _pairs(env, "env")
+    for line in _quantities(cpu, memory):
+        err.print(line)
     with connect(url, api_key, context) as client, err.status(f"creating a sandbox from {image}"):
         sb = client.create_sandbox(
             image,
@@ -128,6 +135,29 @@ def create(
         print_json(sb.info)
     else:
         out.print(sb.sandbox_id)
+
+
+def _binary(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.2f} {unit}"
+    return f"{size} bytes"
+
+
+def _quantities(cpu: str | None, memory: str | None) -> list[str]:
+    """What the quantities mean, as the service will read them (``memory 8G = 7.45 GiB``);
+    a value that does not parse is left to the service's 400, which names the field."""
+    from orchard_env.protocol import parse_cpu, parse_memory
+
+    lines = []
+    with contextlib.suppress(ValueError):
+        if memory is not None:
+            lines.append(f"memory {memory} = {_binary(parse_memory(memory))}")
+    with contextlib.suppress(ValueError):
+        if cpu is not None:
+            cores = parse_cpu(cpu)
+            lines.append(f"cpu {cpu} = {cores:g} core{'' if cores == 1 else 's'}")
+    return lines
 
 
 @app.command("list")
@@ -467,7 +497,9 @@ def rm(
             ids += [
                 sb.sandbox_id for sb in client.list_sandboxes(labels=_pairs(label, "label") or None)
             ]
-            confirm(f"Delete {len(ids)} sandbox(es)?", yes=yes)
+            where = client.base_url + (f" (context {client.context})" if client.context else "")
+            listed = ", ".join(ids) if ids else "none"
+            confirm(f"Delete {len(ids)} sandbox(es) at {where}: {listed}?", yes=yes)
         if not ids:
             raise InvalidRequest(
                 "no sandbox given", hint="orchard sandbox rm <id>… or --all [--label k=v]"

@@ -148,9 +148,13 @@ def rm(
     Sandboxes restored from them keep running; their images go once no sandbox uses them.
     A snapshot with child snapshots is refused without --recursive.
     """
-    if recursive:
-        confirm(f"Delete {', '.join(snapshot_ids)} and every snapshot under them?", yes=yes)
     with connect(url, api_key, context) as client:
+        if recursive:
+            confirm(
+                f"Delete {', '.join(snapshot_ids)} and every snapshot under them at "
+                f"{client.base_url}?",
+                yes=yes,
+            )
         for snapshot_id in snapshot_ids:
             for deleted in client.delete_snapshot(snapshot_id, recursive=recursive):
                 err.print(f"deleted {deleted}")

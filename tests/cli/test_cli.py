@@ -122,3 +122,14 @@ def test_unknown_target_is_refused(tmp_path: Path) -> None:
     result = _main("up", "--target", "mars", "--state-dir", str(tmp_path))
     assert result.returncode == 125
     assert "unknown target 'mars'" in result.stderr
+
+
+def test_create_echoes_the_quantities_as_the_service_reads_them() -> None:
+    result = _main(
+        "sandbox", "create", "--memory", "8G", "--cpu", "500m", "--url", "http://127.0.0.1:9"
+    )
+    assert result.returncode == 125  # nothing listens there; the echo came first
+    assert "memory 8G = 7.45 GiB" in result.stderr
+    assert "cpu 500m = 0.5 cores" in result.stderr
+    small = _main("sandbox", "create", "--memory", "8192", "--url", "http://127.0.0.1:9")
+    assert "memory 8192 = 8.00 KiB" in small.stderr
