@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
+from orchard_cli import CLI_ERROR as CLI_ERROR
+
 if TYPE_CHECKING:
     from orchard_env.sdk import SandboxClient
-
-CLI_ERROR = 125  # an error of the CLI itself (docker's code): never a remote command's
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -76,6 +76,39 @@ def confirm(question: str, *, yes: bool) -> None:
         raise typer.Exit(CLI_ERROR)
     if not typer.confirm(question, err=True):
         raise typer.Exit(1)
+
+
+def _ids(ctx: typer.Context, incomplete: str, kind: str) -> list[str]:
+    """Ids for shell completion, from the service the command line names so far; quietly
+    none when it cannot be asked (completion must never print mid-line)."""
+    from orchard_env.errors import OrchardError
+    from orchard_env.sdk import SandboxClient
+
+    params = ctx.params
+    try:
+        with SandboxClient(
+            base_url=params.get("url"),
+            api_key=params.get("api_key"),
+            context=params.get("context"),
+            auto_cleanup=False,
+            timeout=5,  # a TAB must not hang
+            retries=0,
+        ) as client:
+            if kind == "snapshot":
+                ids = [snap.snapshot_id for snap in client.list_snapshots()]
+            else:
+                ids = [sb.sandbox_id for sb in client.list_sandboxes()]
+    except OrchardError:
+        return []
+    return [i for i in ids if i.startswith(incomplete)]
+
+
+def complete_sandbox_ids(ctx: typer.Context, incomplete: str) -> list[str]:
+    return _ids(ctx, incomplete, "sandbox")
+
+
+def complete_snapshot_ids(ctx: typer.Context, incomplete: str) -> list[str]:
+    return _ids(ctx, incomplete, "snapshot")
 
 
 def connect(url: str | None, api_key: str | None, context: str | None) -> SandboxClient:

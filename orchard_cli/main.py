@@ -1,86 +1,34 @@
-"""Assembles the `orchard` app and owns the one error boundary."""
+"""The `orchard` entry point and its one error boundary. The app itself (orchard_cli.app) is
+imported here only when a command runs, so `orchard --version` starts no faster path than
+the interpreter's own."""
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
-import typer
-from rich.text import Text
-
-from orchard_cli import (
-    bench,
-    context,
-    cost,
-    deploy,
-    images,
-    init,
-    keys,
-    sandbox,
-    service,
-    smoke,
-    snapshot,
-)
-from orchard_cli.console import CLI_ERROR, err
-from orchard_env import __version__
-from orchard_env.errors import OrchardError
-
-EPILOG = "\n\n".join(
-    (
-        "Which service: every command acts on one context, chosen once: --context, else "
-        "ORCHARD_CONTEXT, else the current context (`orchard context use`), else `local`; "
-        "--url and --api-key (ORCHARD_URL, ORCHARD_API_KEY) override its parts. `up` writes "
-        "a context but makes it the current one only with --use or when there is none yet.",
-        "Exit codes: 0 success; `sandbox exec` and `shell` pass the remote command's code "
-        "through, 124 when it timed out, 128+n when signal n killed it (137: SIGKILL); 125 an "
-        "error of orchard itself (bad flag or value, unreachable service, unknown sandbox, "
-        "refused confirmation), never a command's; 130 interrupted (Ctrl-C); 3 `status` of a "
-        "service that is not running; 1 a check that failed (`smoke`, `sandbox patch`, a "
-        "partial `fork`).",
-        "Output: data on stdout, everything else on stderr; list and get commands take -o "
-        "json|yaml|wide|name (and --json), list commands -q for ids only; tables are never "
-        "truncated. NO_COLOR turns colours off.",
-    )
-)
-
-app = typer.Typer(
-    name="orchard",
-    help="Sandboxes for training and evaluating AI agents.",
-    epilog=EPILOG,
-    no_args_is_help=True,
-    rich_markup_mode="rich",
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-service.register(app)
-deploy.register(app)
-init.register(app)
-app.add_typer(sandbox.app, name="sandbox", rich_help_panel="Sandboxes")
-app.add_typer(snapshot.app, name="snapshot", rich_help_panel="Sandboxes")
-app.add_typer(keys.app, name="keys", rich_help_panel="Service")
-app.add_typer(context.app, name="context", rich_help_panel="Service")
-app.add_typer(images.app, name="images", rich_help_panel="Service")
-smoke.register(app)
-app.add_typer(bench.app, name="bench", rich_help_panel="Checks")
-app.add_typer(cost.app, name="cost", rich_help_panel="Cost")
+from orchard_cli import CLI_ERROR, version_line
 
 
-def _version(value: bool) -> None:
-    if value:
-        sys.stdout.write(f"orchard {__version__}\n")
-        raise typer.Exit()
+def __getattr__(name: str) -> Any:
+    """``app`` (for tests and typer's doc generator) is built on first use."""
+    if name == "app":
+        from orchard_cli.app import app
+
+        return app
+    raise AttributeError(name)
 
 
-@app.callback()
-def _root(
-    version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
-    ),
-) -> None:
-    """Sandboxes for training and evaluating AI agents."""
+def __dir__() -> list[str]:
+    return [*globals(), "app"]
 
 
 def _error(message: str, hint: str | None = None) -> None:
+    from rich.text import Text
+
+    from orchard_cli.console import err
+
     err.print(Text.assemble(("Error: ", "bold red"), message))
     if hint:
         err.print(Text.assemble(("Hint: ", "dim"), hint))
@@ -89,9 +37,18 @@ def _error(message: str, hint: str | None = None) -> None:
 def main() -> None:
     """Entry point: user mistakes print a message and a hint, never a traceback; errors of
     the CLI itself exit 125 (docker's convention), so they never pass for a command's code."""
+    if sys.argv[1:] == ["--version"]:  # the one answer that needs no command-line parser
+        sys.stdout.write(version_line())
+        sys.exit(0)
+    import typer
+
+    from orchard_cli.app import app
+    from orchard_cli.console import err
+    from orchard_env.errors import OrchardError
+
     debug = os.environ.get("ORCHARD_DEBUG") == "1"
     try:
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="orchard")
     except OrchardError as exc:
         if debug:
             raise

@@ -18,6 +18,7 @@ from orchard_cli.console import (
     JsonOpt,
     UrlOpt,
     YesOpt,
+    complete_sandbox_ids,
     confirm,
     connect,
     err,
@@ -42,7 +43,10 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="Create, drive and delete sandboxes.", no_args_is_help=True)
 
-IdArg = Annotated[str, typer.Argument(help="Sandbox id.", show_default=False)]
+IdArg = Annotated[
+    str,
+    typer.Argument(help="Sandbox id.", show_default=False, autocompletion=complete_sandbox_ids),
+]
 LabelOpt = Annotated[
     list[str] | None, typer.Option("--label", "-l", help="Label KEY=VALUE (repeatable).")
 ]
@@ -480,7 +484,9 @@ def fork(
 
 @app.command()
 def rm(
-    sandbox_ids: Annotated[list[str] | None, typer.Argument(help="Sandbox ids.")] = None,
+    sandbox_ids: Annotated[
+        list[str] | None, typer.Argument(help="Sandbox ids.", autocompletion=complete_sandbox_ids)
+    ] = None,
     all_: Annotated[
         bool, typer.Option("--all", help="Delete every sandbox matching --label.")
     ] = False,

@@ -15,6 +15,8 @@ from orchard_cli.console import (
     JsonOpt,
     UrlOpt,
     YesOpt,
+    complete_sandbox_ids,
+    complete_snapshot_ids,
     confirm,
     connect,
     err,
@@ -42,7 +44,12 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-SnapshotArg = Annotated[str, typer.Argument(help="Snapshot id (snap-…).", show_default=False)]
+SnapshotArg = Annotated[
+    str,
+    typer.Argument(
+        help="Snapshot id (snap-…).", show_default=False, autocompletion=complete_snapshot_ids
+    ),
+]
 
 
 def _size(size: int) -> str:
@@ -56,7 +63,14 @@ def _size(size: int) -> str:
 
 @app.command()
 def create(
-    sandbox_id: Annotated[str, typer.Argument(help="The sandbox to snapshot.", show_default=False)],
+    sandbox_id: Annotated[
+        str,
+        typer.Argument(
+            help="The sandbox to snapshot.",
+            show_default=False,
+            autocompletion=complete_sandbox_ids,
+        ),
+    ],
     name: Annotated[str | None, typer.Option("--name", help="A name for people.")] = None,
     label: LabelOpt = None,
     ttl: Annotated[
@@ -134,7 +148,12 @@ def get(
 
 @app.command()
 def rm(
-    snapshot_ids: Annotated[list[str], typer.Argument(help="Snapshot ids.", show_default=False)],
+    snapshot_ids: Annotated[
+        list[str],
+        typer.Argument(
+            help="Snapshot ids.", show_default=False, autocompletion=complete_snapshot_ids
+        ),
+    ],
     recursive: Annotated[
         bool, typer.Option("--recursive", "-r", help="Delete their descendants too.")
     ] = False,

@@ -35,7 +35,9 @@ from orchard_env.sdk._handle import (
     file_mode,
     keep_beating,
     local_file,
+    share_docs,
 )
+from orchard_env.sdk.client import Sandbox, SandboxClient
 from orchard_env.sdk.pty import AsyncPtyProcess, init_frame, ws_url
 from orchard_env.sdk.results import ExecResult, FileEntry, Health, PatchResult, UploadResult
 
@@ -93,6 +95,7 @@ class AsyncSandboxClient(ClientView):
 
     @property
     def is_closed(self) -> bool:
+        """Whether :meth:`close` has run (a closed client sends nothing)."""
         return self._http.is_closed
 
     # --- sandboxes ---------------------------------------------------------------------------
@@ -699,3 +702,6 @@ class AsyncSandbox(SandboxBase):
 
 AsyncSandboxInstance = AsyncSandbox
 """Upstream Orchard Env's name for :class:`AsyncSandbox`."""
+
+share_docs(AsyncSandboxClient, SandboxClient)
+share_docs(AsyncSandbox, Sandbox)

@@ -18,7 +18,7 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Literal, Self, TypeVar, cast, overload
 
 import httpx
 
@@ -36,8 +36,10 @@ from orchard_env.sdk._handle import (
     keep_beating,
     local_file,
 )
-from orchard_env.sdk.pty import PtyProcess, init_frame, ws_url
 from orchard_env.sdk.results import ExecResult, FileEntry, Health, PatchResult, UploadResult
+
+if TYPE_CHECKING:
+    from orchard_env.sdk.pty import PtyProcess
 
 logger = logging.getLogger("orchard_env.sdk")
 
@@ -98,6 +100,7 @@ class SandboxClient(ClientView):
 
     @property
     def is_closed(self) -> bool:
+        """Whether :meth:`close` has run (a closed client sends nothing)."""
         return self._http.is_closed
 
     # --- sandboxes ---------------------------------------------------------------------------
@@ -214,6 +217,7 @@ class SandboxClient(ClientView):
         return self._run(flows.list_snapshots(self._core, labels, include_deleted))
 
     def get_snapshot(self, snapshot_id: str) -> protocol.Snapshot:
+        """One snapshot's record (deleted ones too while remembered)."""
         return self._run(flows.get_snapshot(self._core, snapshot_id))
 
     def delete_snapshot(self, snapshot_id: str, recursive: bool = False) -> list[str]:
@@ -225,6 +229,7 @@ class SandboxClient(ClientView):
     # --- jobs --------------------------------------------------------------------------------
 
     def get_job(self, job_id: str) -> ExecResult:
+        """A job's current state; ``is_complete`` says whether it has finished."""
         return self._run(flows.get_job(self._core, job_id))
 
     def wait_job(self, job_id: str, timeout: float = 300, poll_interval: float = 0.1) -> ExecResult:
@@ -240,6 +245,7 @@ class SandboxClient(ClientView):
     # --- service -----------------------------------------------------------------------------
 
     def health(self) -> Health:
+        """The service's ``GET /health``: status, version and backend."""
         return self._run(flows.health(self._core))
 
     def resources(self) -> protocol.ResourcesReport:
@@ -257,9 +263,11 @@ class SandboxClient(ClientView):
         return self._run(flows.create_key(self._core, name, admin))
 
     def list_keys(self) -> list[protocol.KeyInfo]:
+        """Every API key (never their secrets); needs an admin key."""
         return self._run(flows.list_keys(self._core))
 
     def revoke_key(self, key_id: str) -> protocol.KeyInfo:
+        """Revoke a key: requests with it are refused from now on (admin)."""
         return self._run(flows.revoke_key(self._core, key_id))
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -531,6 +539,7 @@ class Sandbox(SandboxBase):
         return result
 
     def get_job(self, job_id: str) -> ExecResult:
+        """One of this sandbox's jobs by id (see :meth:`SandboxClient.get_job`)."""
         return self._client.get_job(job_id)
 
     def list_jobs(self) -> list[ExecResult]:
@@ -666,6 +675,7 @@ class Sandbox(SandboxBase):
         self._heartbeat_thread.start()
 
     def stop_heartbeat(self) -> None:
+        """Stop the thread :meth:`start_heartbeat` started (no error if none runs)."""
         if self._heartbeat_stop is not None:
             self._heartbeat_stop.set()
         thread, self._heartbeat_thread = self._heartbeat_thread, None
@@ -722,6 +732,8 @@ class Sandbox(SandboxBase):
         login_shell: bool = False,
     ) -> PtyProcess:
         """Start a process on a pseudo-terminal (default: the image's shell)."""
+        from orchard_env.sdk.pty import PtyProcess, init_frame, ws_url  # websockets: on use
+
         frame = init_frame(
             cmd, rows=rows, cols=cols, env=dict(env or {}), cwd=cwd, login_shell=login_shell
         )

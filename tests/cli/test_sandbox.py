@@ -197,3 +197,27 @@ def test_no_color_is_respected(live: Live) -> None:
         args, capture_output=True, env={**env, "NO_COLOR": "1"}, check=False, timeout=60
     )
     assert plain.returncode == 125 and not COLOUR.search(plain.stderr)  # ...unless NO_COLOR
+
+
+def _complete(words: str) -> list[str]:
+    env = {
+        **os.environ,
+        "_ORCHARD_COMPLETE": "complete_bash",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split(" ")) - 1),
+    }
+    done = subprocess.run(
+        [*ENTRY], capture_output=True, env=env, check=False, timeout=60, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_tab_completes_sandbox_and_snapshot_ids(live: Live, sandbox_id: str) -> None:
+    with SandboxClient(base_url=live.url, api_key=live.api_key, auto_cleanup=False) as client:
+        snap = client.get_sandbox(sandbox_id).snapshot().snapshot_id
+    assert _complete("orchard sandbox exec ") == [sandbox_id]
+    assert _complete(f"orchard sandbox get {sandbox_id[:5]}") == [sandbox_id]
+    assert _complete("orchard sandbox get nomatch") == []
+    assert _complete("orchard snapshot get ") == [snap]
+    assert _complete("orchard snapshot create ") == [sandbox_id]
