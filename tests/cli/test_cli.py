@@ -133,3 +133,54 @@ def test_create_echoes_the_quantities_as_the_service_reads_them() -> None:
     assert "cpu 500m = 0.5 cores" in result.stderr
     small = _main("sandbox", "create", "--memory", "8192", "--url", "http://127.0.0.1:9")
     assert "memory 8192 = 8.00 KiB" in small.stderr
+
+
+def _modules_after(*argv: str) -> set[str]:
+    """The modules loaded by running `orchard ARGV` (the real entry point) in a fresh process."""
+    probe = (
+        "import sys\n"
+        f"sys.argv = ['orchard', *{list(argv)!r}]\n"
+        "from orchard_cli.main import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "sys.stderr.write('\\nMODULES ' + ' '.join(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    return set(done.stderr.rsplit("MODULES ", 1)[1].split())
+
+
+def test_version_loads_no_parser_no_sdk() -> None:
+    loaded = _modules_after("--version")
+    assert not {"typer", "rich", "pydantic", "httpx", "orchard_env.sdk"} & loaded
+
+
+def test_a_sandbox_command_loads_only_its_own_group() -> None:
+    loaded = _modules_after("sandbox", "list", "--url", "http://127.0.0.1:9")
+    assert "orchard_cli.sandbox" in loaded and "orchard_env.sdk.client" in loaded
+    unneeded = {
+        "orchard_cli.cost",
+        "orchard_cli.bench",
+        "orchard_cli.service",
+        "orchard_cli.images",
+        "orchard_env.cost",
+        "orchard_env.bench",
+        "orchard_env.sdk.aio",
+        "orchard_env.sdk.pty",
+        "websockets",
+        "provision",
+        "kubernetes",
+        "docker",
+    }
+    assert unneeded & loaded == set()
+
+
+def test_bench_startup_reports_ratios_to_a_bare_interpreter() -> None:
+    from orchard_env.bench_startup import BARE, bench_startup
+    from orchard_env.errors import OrchardError
+
+    result = bench_startup({"sleep": [sys.executable, "-c", "import time; time.sleep(0.2)"]}, n=3)
+    assert set(result.stats) == {BARE, "sleep"} and result.stats["sleep"].n == 3
+    assert result.figures["sleep: p50 / bare p50"] > 0
+    with pytest.raises(OrchardError, match=r"`fails` exited 3"):
+        bench_startup({"fails": [sys.executable, "-c", "raise SystemExit(3)"]}, n=1)
