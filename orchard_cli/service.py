@@ -113,7 +113,7 @@ def _target(
     if recorded is not None and recorded != target:
         if choice.source in ("--context", "ORCHARD_CONTEXT"):
             raise ConfigError(
-                f"context {choice.name!r} (from {choice.source}) is a {recorded} deployment, "
+                f"context {choice.name!r} (from {choice.source}) is a deployment on {recorded}, "
                 f"not {target}",
                 hint="drop --target/--profile, or name another context",
             )
@@ -138,7 +138,7 @@ def _target(
     if profile is None:
         if choice.exists:
             raise ConfigError(
-                f"context {choice.name!r} is a {target} deployment and no profile says which",
+                f"context {choice.name!r} is a deployment on {target} and no profile says which",
                 hint="pass --profile FILE (the one `orchard up` used)",
             )
         err.print(

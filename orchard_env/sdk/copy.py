@@ -81,6 +81,17 @@ def _contents_only(spec: str) -> bool:
     return spec.endswith("/.")
 
 
+def _lands_inside(source: str, dest: str, dest_kind: Kind | None, where: str) -> bool:
+    """Whether a directory copied onto ``dest`` goes inside it under its own name (docker
+    cp's rule); a destination that is a file is refused."""
+    if dest_kind not in (None, "directory"):
+        raise errors.InvalidRequest(
+            f"cannot copy directory {source} onto {dest}: it is a {dest_kind}{where}",
+            hint="give a directory (or a path that does not exist yet) as the destination",
+        )
+    return dest_kind == "directory" and not _contents_only(source)
+
+
 def _missing(where: str, path: str) -> errors.OrchardError:
     return errors.FileNotFound(
         f"{path} does not exist{where}", hint="check the path (`orchard sandbox ls` lists one)"
@@ -123,12 +134,7 @@ def copy_in(sandbox: Sandbox, source: str, dest: str) -> CopyReport:
         report.bytes += sandbox.upload_file(local, target).size
         report.files += 1
         return report
-    if dest_kind not in (None, "directory"):
-        raise errors.InvalidRequest(
-            f"cannot copy directory {source} onto {dest}: it is a {dest_kind} in the sandbox",
-            hint="give a directory (or a path that does not exist yet) as the destination",
-        )
-    inside = dest_kind == "directory" and not _contents_only(source)
+    inside = _lands_inside(source, dest, dest_kind, " in the sandbox")
     target = posixpath.join(dest, local.resolve().name) if inside else dest
     _upload_tree(sandbox, local, target, report)
     return report
@@ -171,14 +177,9 @@ def copy_out(sandbox: Sandbox, source: str, dest: str) -> CopyReport:
         report.bytes += sandbox.download_file(source, target)
         report.files += 1
         return report
-    if dest_kind not in (None, "directory"):
-        raise errors.InvalidRequest(
-            f"cannot copy directory {source} onto {dest}: it is a {dest_kind}",
-            hint="give a directory (or a path that does not exist yet) as the destination",
-        )
+    inside = _lands_inside(source, dest, dest_kind, "")
     if dest_kind is None and not local.parent.is_dir():
         raise _missing(" (the destination's parent directory)", str(local.parent))
-    inside = dest_kind == "directory" and not _contents_only(source)
     _download_tree(sandbox, source, local / name if inside else local, report)
     return report
 

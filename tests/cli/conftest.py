@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -51,15 +51,25 @@ def orchard(live: Live) -> Callable[..., Result]:
 
 
 def run_orchard(
-    *args: str, stdin: bytes | None = None, cwd: Path | None = None
+    *args: str, stdin: bytes | None = None, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[bytes]:
-    """The real entry point (its error boundary and exit codes) in a subprocess."""
+    """The real entry point (its error boundary and exit codes) in a subprocess; ``env``
+    replaces this process's environment."""
     return subprocess.run(
         [sys.executable, "-c", "from orchard_cli.main import main; main()", *args],
         capture_output=True,
         input=stdin,
-        cwd=cwd,
         timeout=120,
         check=False,
-        env=dict(os.environ),
+        env=dict(os.environ if env is None else env),
+    )
+
+
+def run_orchard_text(
+    *args: str, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """:func:`run_orchard`, its output decoded."""
+    done = run_orchard(*args, env=env)
+    return subprocess.CompletedProcess(
+        done.args, done.returncode, done.stdout.decode(), done.stderr.decode()
     )

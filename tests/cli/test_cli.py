@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from orchard_cli.main import app
 from orchard_env import __version__, config
+from tests.cli.conftest import run_orchard_text
 
 runner = CliRunner()
 
@@ -22,18 +23,6 @@ def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     for name in ("ORCHARD_URL", "ORCHARD_API_KEY", "ORCHARD_CONTEXT", "SANDBOX_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
     return path
-
-
-def _main(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the real entry point in a subprocess (the error boundary lives in main())."""
-    return subprocess.run(
-        [sys.executable, "-c", "from orchard_cli.main import main; main()", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
 
 
 def test_help_lists_every_command_group() -> None:
@@ -64,7 +53,7 @@ def test_help_does_not_import_heavy_sdks() -> None:
 
 def test_user_mistake_prints_message_and_hint_without_traceback(isolated: Path) -> None:
     env = {"ORCHARD_CONFIG": str(isolated), "PATH": "/usr/bin:/bin"}
-    result = _main("sandbox", "create", "--label", "novalue", env=env)
+    result = run_orchard_text("sandbox", "create", "--label", "novalue", env=env)
     assert result.returncode == 125
     assert result.stdout == ""
     assert "Error: label 'novalue' is not KEY=VALUE" in result.stderr
@@ -74,7 +63,7 @@ def test_user_mistake_prints_message_and_hint_without_traceback(isolated: Path) 
 
 def test_unreachable_service_is_one_clear_error(isolated: Path) -> None:
     env = {"ORCHARD_CONFIG": str(isolated), "PATH": "/usr/bin:/bin"}
-    result = _main("sandbox", "list", "--url", "http://127.0.0.1:9", env=env)
+    result = run_orchard_text("sandbox", "list", "--url", "http://127.0.0.1:9", env=env)
     assert result.returncode == 125
     assert "Error:" in result.stderr and "127.0.0.1:9" in result.stderr
     assert "orchard up" in result.stderr
@@ -82,7 +71,7 @@ def test_unreachable_service_is_one_clear_error(isolated: Path) -> None:
 
 
 def test_usage_error_exits_125() -> None:
-    result = _main("sandbox", "create", "--no-such-flag")
+    result = run_orchard_text("sandbox", "create", "--no-such-flag")
     assert result.returncode == 125
     assert "No such option" in result.stderr
 
@@ -94,7 +83,7 @@ def test_destructive_command_without_tty_demands_yes(tmp_path: Path) -> None:
 
 
 def test_cp_needs_exactly_one_remote_side(tmp_path: Path) -> None:
-    result = _main("sandbox", "cp", "a.txt", "b.txt")
+    result = run_orchard_text("sandbox", "cp", "a.txt", "b.txt")
     assert result.returncode == 125
     assert "exactly one side of cp must be SANDBOX:PATH" in result.stderr
 
@@ -108,7 +97,7 @@ def test_context_commands(isolated: Path) -> None:
     assert '"api_key": "***"' in shown.stdout and "sekret" not in shown.stdout
     assert runner.invoke(app, ["context", "use", "prod"]).exit_code == 0
     assert config.load_config_file()["current_context"] == "prod"
-    missing = _main("context", "use", "nope", env={"ORCHARD_CONFIG": str(isolated)})
+    missing = run_orchard_text("context", "use", "nope", env={"ORCHARD_CONFIG": str(isolated)})
     assert missing.returncode == 125 and "no context named 'nope'" in missing.stderr
 
 
@@ -119,19 +108,19 @@ def test_status_of_a_service_that_never_ran(tmp_path: Path) -> None:
 
 
 def test_unknown_target_is_refused(tmp_path: Path) -> None:
-    result = _main("up", "--target", "mars", "--state-dir", str(tmp_path))
+    result = run_orchard_text("up", "--target", "mars", "--state-dir", str(tmp_path))
     assert result.returncode == 125
     assert "unknown target 'mars'" in result.stderr
 
 
 def test_create_echoes_the_quantities_as_the_service_reads_them() -> None:
-    result = _main(
+    result = run_orchard_text(
         "sandbox", "create", "--memory", "8G", "--cpu", "500m", "--url", "http://127.0.0.1:9"
     )
     assert result.returncode == 125  # nothing listens there; the echo came first
     assert "memory 8G = 7.45 GiB" in result.stderr
     assert "cpu 500m = 0.5 cores" in result.stderr
-    small = _main("sandbox", "create", "--memory", "8192", "--url", "http://127.0.0.1:9")
+    small = run_orchard_text("sandbox", "create", "--memory", "8192", "--url", "http://127.0.0.1:9")
     assert "memory 8192 = 8.00 KiB" in small.stderr
 
 
@@ -184,3 +173,28 @@ def test_bench_startup_reports_ratios_to_a_bare_interpreter() -> None:
     assert result.figures["sleep: p50 / bare p50"] > 0
     with pytest.raises(OrchardError, match=r"`fails` exited 3"):
         bench_startup({"fails": [sys.executable, "-c", "raise SystemExit(3)"]}, n=1)
+
+
+def test_a_cluster_context_is_never_taken_for_the_local_service(isolated: Path) -> None:
+    config.write_context("demo", {"url": "https://demo:443", "api_key": "k", "target": "aks"})
+    env = {"ORCHARD_CONFIG": str(isolated), "PATH": "/usr/bin:/bin"}
+    for command in (["status"], ["down", "--yes"]):
+        done = run_orchard_text(*command, "--context", "demo", env=env)
+        assert done.returncode == 125
+        assert "context 'demo' is a deployment on aks and no profile says which" in done.stderr
+    local = run_orchard_text("down", "--context", "demo", "--target", "local", "--yes", env=env)
+    assert local.returncode == 125
+    assert "context 'demo' (from --context) is a deployment on aks, not local" in local.stderr
+    assert "demo" in config.load_config_file()["contexts"]  # nothing removed
+
+
+def test_client_commands_take_the_flag_over_orchard_context(isolated: Path) -> None:
+    config.write_context("a", {"url": "http://127.0.0.1:9"})
+    config.write_context("b", {"url": "http://127.0.0.1:7"})
+    env = {"ORCHARD_CONFIG": str(isolated), "PATH": "/usr/bin:/bin", "ORCHARD_CONTEXT": "a"}
+    from_env = run_orchard_text("sandbox", "list", env=env)
+    assert from_env.returncode == 125 and "127.0.0.1:9" in from_env.stderr
+    from_flag = run_orchard_text("sandbox", "list", "--context", "b", env=env)
+    assert from_flag.returncode == 125 and "127.0.0.1:7" in from_flag.stderr
+    unknown = run_orchard_text("sandbox", "list", env={**env, "ORCHARD_CONTEXT": "zz"})
+    assert "context 'zz' (from ORCHARD_CONTEXT) is not in" in unknown.stderr

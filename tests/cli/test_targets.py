@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from orchard_env import config
 from provision.local import LocalProvider, _pid_alive
+from tests.cli.conftest import run_orchard_text
 
 pytestmark = pytest.mark.engine
 
@@ -40,6 +40,10 @@ def _start(name: str, root: Path, instance: str) -> LocalProvider:
     return provider
 
 
+def _orchard(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return run_orchard_text(*args, env={**os.environ, **(env or {})})
+
+
 def _pid(provider: LocalProvider) -> int:
     return int(provider.paths.pid_file.read_text())
 
@@ -58,17 +62,6 @@ def services(
         provider.down(lambda _message: None)
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from orchard_cli.main import main; main()", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
-
-
 def test_first_context_is_current_and_later_ones_are_not(
     services: dict[str, LocalProvider],
 ) -> None:
@@ -85,7 +78,7 @@ def test_status_reports_the_context_it_is_given(
     args, env = (
         (["--context", "other"], None) if how == "flag" else ([], {"ORCHARD_CONTEXT": "other"})
     )
-    done = _cli("status", "--json", *args, env=env)
+    done = _orchard("status", "--json", *args, env=env)
     assert done.returncode == 0, done.stderr
     shown = json.loads(done.stdout)
     assert shown["url"] == other.url
@@ -99,7 +92,7 @@ def test_down_stops_only_the_named_context_and_says_what_it_stops(
 ) -> None:
     mine, other = services["mine"], services["other"]
     mine_pid, other_pid = _pid(mine), _pid(other)
-    done = _cli("down", "--context", "other", "--yes")
+    done = _orchard("down", "--context", "other", "--yes")
     assert done.returncode == 0, done.stderr
     flat = " ".join(done.stderr.split())
     assert (
@@ -120,7 +113,7 @@ def test_down_never_stops_a_process_of_another_state_dir(
     mine, other = services["mine"], services["other"]
     other_pid = _pid(other)
     other.paths.pid_file.write_text(f"{_pid(mine)}\n")
-    done = _cli("down", "--context", "other", "--yes")
+    done = _orchard("down", "--context", "other", "--yes")
     assert done.returncode == 0, done.stderr
     assert "no orchestrator runs for state dir" in " ".join(done.stderr.split())
     assert _pid_alive(_pid(mine))
@@ -131,11 +124,11 @@ def test_flags_that_contradict_the_context_are_refused(
     services: dict[str, LocalProvider],
 ) -> None:
     mine, other = services["mine"], services["other"]
-    done = _cli("down", "--context", "other", "--state-dir", str(mine.paths.state_dir), "--yes")
+    done = _orchard("down", "--context", "other", "--state-dir", str(mine.paths.state_dir), "--yes")
     assert done.returncode == 125
     assert f"context 'other' is the service of state dir {other.paths.state_dir}" in done.stderr
     assert _pid_alive(_pid(mine)) and _pid_alive(_pid(other))
-    port = _cli("status", "--context", "other", "--port", str(mine.settings.port))
+    port = _orchard("status", "--context", "other", "--port", str(mine.settings.port))
     assert port.returncode == 125
     assert f"context 'other' is the service at {other.url}" in port.stderr
 
@@ -144,7 +137,7 @@ def test_an_unknown_context_is_an_error_not_the_default_service(
     services: dict[str, LocalProvider],
 ) -> None:
     for args, env in ((["--context", "nope"], None), ([], {"ORCHARD_CONTEXT": "nope"})):
-        done = _cli("down", "--yes", *args, env=env)
+        done = _orchard("down", "--yes", *args, env=env)
         assert done.returncode == 125
         assert "context 'nope'" in done.stderr and "known: mine, other" in done.stderr
     assert all(_pid_alive(_pid(p)) for p in services.values())
