@@ -75,7 +75,7 @@ def confirm(question: str, *, yes: bool) -> None:
         err.print(f"{question} Rerun with --yes to confirm (no terminal to ask on).")
         raise typer.Exit(CLI_ERROR)
     if not typer.confirm(question, err=True):
-        raise typer.Exit(1)
+        raise typer.Exit(CLI_ERROR)
 
 
 def _ids(ctx: typer.Context, incomplete: str, kind: str) -> list[str]:
