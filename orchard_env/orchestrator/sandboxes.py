@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from orchard_env.config import ServiceSettings
 from orchard_env.errors import (
     LimitExceeded,
+    QuotaExceeded,
     SandboxExists,
     SandboxNotFound,
     SandboxNotReady,
@@ -39,6 +40,7 @@ from orchard_env.orchestrator.backends.base import (
     BackendSandbox,
     SandboxSpec,
     SandboxState,
+    not_your_snapshot,
 )
 from orchard_env.orchestrator.records import LIVE_STATUSES, SandboxRecord
 from orchard_env.orchestrator.store import Store
@@ -100,6 +102,7 @@ class SandboxService:
         self._readiness: dict[str, asyncio.Task[None]] = {}
         self._in_use: Counter[str] = Counter()
         self._touched: dict[str, datetime] = {}
+        self._quota_lock = asyncio.Lock()  # a quota check and the insert it allows, together
         self.ready_gate_seconds = READY_GATE_SECONDS
 
     # --- records and events ----------------------------------------------------------------
@@ -199,6 +202,53 @@ class SandboxService:
             )
         return cpu, memory
 
+    async def check_quota(self, caller: Caller, count: int, cpu: float, memory: int) -> None:
+        """Refuse (429 ``quota_exceeded``, naming the limit) ``count`` more sandboxes of ``cpu``
+        and ``memory`` each beyond the service's cap or, for a non-admin key, its limits (the
+        key's own, else the service's per-key defaults)."""
+        live = [record for record in await self.store.list_sandboxes() if record.live]
+        cap = self.settings.max_sandboxes
+        if len(live) + count > cap:
+            raise QuotaExceeded(
+                f"this service runs at most {cap} live sandboxes (max_sandboxes) and "
+                f"{len(live)} are live; {count} more do not fit",
+                hint="delete sandboxes no longer needed, or raise ORCHARD_MAX_SANDBOXES",
+            )
+        if caller.admin or caller.key_id is None:
+            return
+        mine = [record for record in live if record.owner == caller.owner]
+        quota = caller.quota
+        hint = (
+            "delete sandboxes no longer needed, or ask an admin for a key with a larger quota "
+            "(`orchard keys create --max-sandboxes/--max-cpu/--max-memory`)"
+        )
+        most = quota.max_sandboxes or self.settings.key_max_sandboxes
+        if len(mine) + count > most:
+            raise QuotaExceeded(
+                f"key {caller.key_id} may have at most {most} live sandboxes (max_sandboxes) "
+                f"and has {len(mine)}; {count} more do not fit",
+                hint=hint,
+            )
+        most_cpu = quota.max_cpu or self.settings.key_max_cpu
+        used_cpu = sum(record.cpu for record in mine)
+        if used_cpu + count * cpu > most_cpu + 1e-9:
+            raise QuotaExceeded(
+                f"key {caller.key_id} may use at most {most_cpu:g} CPU cores (max_cpu); its "
+                f"sandboxes use {used_cpu:g} and {count * cpu:g} more were asked for",
+                hint=hint,
+            )
+        most_memory = (
+            parse_memory(quota.max_memory) if quota.max_memory else self.settings.key_max_memory
+        )
+        used_memory = sum(record.memory_bytes for record in mine)
+        if used_memory + count * memory > most_memory:
+            raise QuotaExceeded(
+                f"key {caller.key_id} may use at most {format_memory(most_memory)} of memory "
+                f"(max_memory); its sandboxes use {format_memory(used_memory)} and "
+                f"{format_memory(count * memory)} more were asked for",
+                hint=hint,
+            )
+
     async def create(
         self,
         request: CreateSandboxRequest,
@@ -209,6 +259,8 @@ class SandboxService:
         """Start a sandbox (``source_snapshot``: restored from that snapshot, whose image
         ``request.image`` names); readiness follows in the background."""
         cpu, memory = self._size(request)
+        if source_snapshot is None and self.backend.is_snapshot_image(request.image):
+            source_snapshot = await self._own_snapshot(request.image, caller)
         sandbox_id = request.sandbox_id or new_sandbox_id()
         now = self.clock()
         record = SandboxRecord(
@@ -233,8 +285,10 @@ class SandboxService:
             raise self._exists(sandbox_id)
         self._creating.add(sandbox_id)
         try:
-            if not await self.store.insert_sandbox(record):
-                raise self._exists(sandbox_id)
+            async with self._quota_lock:
+                await self.check_quota(caller, 1, cpu, memory)
+                if not await self.store.insert_sandbox(record):
+                    raise self._exists(sandbox_id)
             await self.store.open_usage(record.usage_row(record.created_at))
             found = await self._create_container(record)
             record = await self._started(record, found)
@@ -245,6 +299,14 @@ class SandboxService:
             extra={"sandbox_id": sandbox_id, "image": record.image, "owner": record.owner},
         )
         return record.to_info(self.settings)
+
+    async def _own_snapshot(self, image: str, caller: Caller) -> str:
+        """The id of the caller's live snapshot whose image is ``image``; else 404, the same
+        answer whether the image exists, is another key's, or another deployment's."""
+        for snapshot in await self.store.list_snapshots(owner=caller.owner_filter):
+            if snapshot.image == image:
+                return snapshot.snapshot_id
+        raise not_your_snapshot(image)
 
     @staticmethod
     def _exists(sandbox_id: str) -> SandboxExists:
@@ -268,6 +330,7 @@ class SandboxService:
             pids_limit=self.settings.pids_limit,
             ttl_seconds=record.ttl_seconds or None,
             record_annotation=record.annotation(),
+            snapshot_id=record.source_snapshot,
         )
         try:
             return await self.backend.create(spec)
@@ -429,17 +492,26 @@ class SandboxService:
         record = await self.touch(sandbox_id, force=True) or record
         return HeartbeatResponse(sandbox_id=sandbox_id, expires_at=record.expires_at())
 
+    def hold(self, sandbox_id: str) -> None:
+        """Mark a sandbox busy (a command or a terminal runs, or is about to): idle expiry
+        skips it until :meth:`release`."""
+        self._in_use[sandbox_id] += 1
+
+    async def release(self, sandbox_id: str) -> None:
+        """End one :meth:`hold`; the idle clock restarts now."""
+        self._in_use[sandbox_id] -= 1
+        if self._in_use[sandbox_id] <= 0:
+            del self._in_use[sandbox_id]
+        await self.touch(sandbox_id, force=True)
+
     @contextlib.asynccontextmanager
     async def in_use(self, sandbox_id: str) -> AsyncIterator[None]:
-        """Mark a sandbox busy (a command or a terminal runs): idle expiry skips it."""
-        self._in_use[sandbox_id] += 1
+        """:meth:`hold` for the duration of a block."""
+        self.hold(sandbox_id)
         try:
             yield
         finally:
-            self._in_use[sandbox_id] -= 1
-            if self._in_use[sandbox_id] <= 0:
-                del self._in_use[sandbox_id]
-            await self.touch(sandbox_id, force=True)
+            await self.release(sandbox_id)
 
     def busy(self, sandbox_id: str) -> bool:
         """A command or terminal runs in it right now."""

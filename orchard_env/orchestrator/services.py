@@ -12,6 +12,7 @@ from orchard_env.orchestrator.backends.base import Backend
 from orchard_env.orchestrator.files import FileService
 from orchard_env.orchestrator.jobs import JobService
 from orchard_env.orchestrator.reaper import Reaper
+from orchard_env.orchestrator.revocation import KeySessions
 from orchard_env.orchestrator.sandboxes import SandboxService
 from orchard_env.orchestrator.snapshots import SnapshotService
 from orchard_env.orchestrator.store import Store
@@ -28,6 +29,7 @@ class Orchard:
     snapshots: SnapshotService
     files: FileService
     reaper: Reaper
+    sessions: KeySessions
     clock: Callable[[], datetime]
 
     @classmethod
@@ -52,6 +54,7 @@ class Orchard:
             snapshots=snapshots,
             files=FileService(sandboxes, agents),
             reaper=Reaper(settings, store, sandboxes, snapshots, clock),
+            sessions=KeySessions(store),
             clock=clock,
         )
 
@@ -62,6 +65,7 @@ class Orchard:
 
     async def stop(self) -> None:
         """Stop following jobs and probes; the sandboxes and their commands keep running."""
+        await self.sessions.close()
         await self.jobs.close()
         await self.sandboxes.close()
         await self.agents.close()

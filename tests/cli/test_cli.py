@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -198,3 +199,20 @@ def test_client_commands_take_the_flag_over_orchard_context(isolated: Path) -> N
     assert from_flag.returncode == 125 and "127.0.0.1:7" in from_flag.stderr
     unknown = run_orchard_text("sandbox", "list", env={**env, "ORCHARD_CONTEXT": "zz"})
     assert "context 'zz' (from ORCHARD_CONTEXT) is not in" in unknown.stderr
+
+
+def test_keys_create_local_with_a_quota(isolated: Path, tmp_path: Path) -> None:
+    state = str(tmp_path / "state")
+    quota = ["--max-sandboxes", "2", "--max-cpu", "1.5", "--max-memory", "8Gi"]
+    created = runner.invoke(
+        app, ["keys", "create", "tenant", "--local", "--state-dir", state, *quota, "--json"]
+    )
+    assert created.exit_code == 0, created.output
+    shown = json.loads(created.stdout)
+    assert (shown["max_sandboxes"], shown["max_cpu"], shown["max_memory"]) == (2, 1.5, "8Gi")
+    env = {"ORCHARD_CONFIG": str(isolated), "PATH": "/usr/bin:/bin"}
+    bad = run_orchard_text(
+        "keys", "create", "x", "--local", "--state-dir", state, "--max-memory", "lots", env=env
+    )
+    assert bad.returncode == 125 and "Traceback" not in bad.stderr
+    assert "Error: max_memory: memory 'lots' is not a quantity" in bad.stderr
