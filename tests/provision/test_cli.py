@@ -129,7 +129,7 @@ def test_down_deletes_what_up_created(arm: FakeArm, sample: Path) -> None:
     aks.provision(lambda _m: None)
     arm.requests.clear()
     refused = invoke("down", "--profile", str(sample))
-    assert refused.exit_code == 2 and "Rerun with --yes" in refused.output
+    assert refused.exit_code == 125 and "Rerun with --yes" in refused.output
     assert arm.writes() == []
     result = invoke("down", "--profile", str(sample), "--yes")
     assert result.exit_code == 0, result.output
