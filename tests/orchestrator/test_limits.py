@@ -164,7 +164,9 @@ async def test_poisoned_records_break_neither_listing_nor_the_reaper(
     with caplog.at_level(logging.ERROR):
         await service.orchard.sandboxes.expire(clock())
     assert "expiring a sandbox failed; carrying on with the rest" in caplog.text
-    gone = (await service.http.get("/sandboxes/short-lived")).json()
+    gone = (
+        await service.http.get("/sandboxes/short-lived", params={"include_deleted": "true"})
+    ).json()
     assert gone["status"] == "deleted"
     assert "ttl_seconds" in gone["status_message"]
 
