@@ -128,8 +128,13 @@ def listener_pid(port: int) -> int | None:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stat_fields(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (state first, then ppid)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -176,7 +181,14 @@ def bench_exec(
             result.figures["ratio p50 (orchard / engine)"] = round(
                 result.stats["orchard exec"].p50 / result.stats["engine exec_run"].p50, 4
             )
-        memory = _agent_memory(sandbox.exec(["/bin/sh", "-c", _AGENT_PSS], shell=False).stdout)
+        # The agent is non-dumpable, so its memory is unreadable from inside the sandbox:
+        # read it from this host when the engine is local, else from inside (init only).
+        listing = (
+            host_agent_listing(engine_url, sandbox.sandbox_id)
+            if engine_url is not None
+            else sandbox.exec(["/bin/sh", "-c", _AGENT_PSS], shell=False).stdout
+        )
+        memory = _agent_memory(listing)
         result.figures.update(memory)
     return result
 
@@ -192,6 +204,46 @@ def _engine_samples(engine_url: str, sandbox_id: str, n: int) -> list[float]:
         return [_timed(lambda: container.exec_run(["true"])) for _ in range(n)]
     finally:
         engine.close()
+
+
+def host_agent_listing(engine_url: str, sandbox_id: str) -> str:
+    """``pid pss_kb rss_kb`` of the sandbox's agent processes, read from this host's /proc:
+    the processes under the container's first one whose command line runs the agent."""
+    import docker
+
+    engine = docker.DockerClient(base_url=engine_url)
+    try:
+        (container,) = engine.containers.list(filters={"label": f"orchard.sandbox-id={sandbox_id}"})
+        tree = {int(container.attrs["State"]["Pid"])}
+    finally:
+        engine.close()
+    parents = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit():
+                parents[int(proc.name)] = int(stat_fields(int(proc.name))[1])
+        except OSError:
+            continue
+    grown = True
+    while grown:
+        before = len(tree)
+        tree |= {pid for pid, parent in parents.items() if parent in tree}
+        grown = len(tree) > before
+    lines = []
+    for pid in sorted(tree):
+        try:
+            if b"/agent\0--listen" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            pss = _kb(Path(f"/proc/{pid}/smaps_rollup").read_text(), "Pss:")
+            rss = _kb(Path(f"/proc/{pid}/status").read_text(), "VmRSS:")
+        except OSError:
+            continue
+        lines.append(f"{pid} {pss} {rss}")
+    return "\n".join(lines)
+
+
+def _kb(text: str, field: str) -> int:
+    return next(int(line.split()[1]) for line in text.splitlines() if line.startswith(field))
 
 
 def _agent_memory(listing: str) -> dict[str, float]:
