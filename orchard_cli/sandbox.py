@@ -361,7 +361,8 @@ def cp(
     """Copy files or directories into or out of a sandbox, like `docker cp`.
 
     Directories are copied recursively. A destination that ends in / or is an existing
-    directory receives the source under its own name; SRC/. copies a directory's contents.
+    directory receives the source under its own name; SRC/. copies a directory's contents,
+    and ID:. the contents of the sandbox's working directory.
     '-' as the source reads a tar archive from stdin and extracts it into a sandbox
     directory; '-' as the destination writes the sandbox path to stdout as a tar archive.
     Symlinks and special files are skipped (and named).
