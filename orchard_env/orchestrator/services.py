@@ -45,7 +45,8 @@ class Orchard:
         agents = AgentPool()
         sandboxes = SandboxService(settings, store, backend, agents, clock)
         health = AgentHealth(store, sandboxes, agents)
-        jobs = JobService(settings, store, sandboxes, agents, health, clock)
+        sessions = KeySessions(store)
+        jobs = JobService(settings, store, sandboxes, agents, health, sessions, clock)
         snapshots = SnapshotService(settings, store, backend, sandboxes, clock)
         return cls(
             settings=settings,
@@ -58,7 +59,7 @@ class Orchard:
             files=FileService(sandboxes, agents),
             health=health,
             reaper=Reaper(settings, store, sandboxes, snapshots, health, clock),
-            sessions=KeySessions(store),
+            sessions=sessions,
             clock=clock,
         )
 
