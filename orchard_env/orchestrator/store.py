@@ -57,9 +57,16 @@ class Store(Protocol):
     async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None: ...
 
     async def list_sandboxes(
-        self, *, owner: str | None = None, include_deleted: bool = False
+        self,
+        *,
+        owner: str | None = None,
+        include_deleted: bool = False,
+        status: SandboxStatus | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
     ) -> list[SandboxRecord]:
-        """Newest first; ``owner`` None means every owner."""
+        """Newest first (then by id); ``owner`` None means every owner. A page: at most
+        ``limit`` records, those after the ``(created_at, id)`` position ``after``."""
         ...
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
@@ -513,21 +520,42 @@ class SQLiteStore:
         return None if row is None else _parse(SandboxRecord, row["record"], "sandbox")
 
     async def list_sandboxes(
-        self, *, owner: str | None = None, include_deleted: bool = False
+        self,
+        *,
+        owner: str | None = None,
+        include_deleted: bool = False,
+        status: SandboxStatus | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
     ) -> list[SandboxRecord]:
-        return await self._call(self._list_sandboxes, owner, include_deleted)
+        return await self._call(self._list_sandboxes, owner, include_deleted, status, after, limit)
 
-    def _list_sandboxes(self, owner: str | None, include_deleted: bool) -> list[SandboxRecord]:
-        clauses, params = [], []
+    def _list_sandboxes(
+        self,
+        owner: str | None,
+        include_deleted: bool,
+        status: SandboxStatus | None,
+        after: tuple[datetime, str] | None,
+        limit: int | None,
+    ) -> list[SandboxRecord]:
+        clauses: list[str] = []
+        params: list[object] = []
         if owner is not None:
             clauses.append("owner = ?")
             params.append(owner)
-        if not include_deleted:
+        if status is not None:
+            clauses.append("status = ?")
+            params.append(status.value)
+        elif not include_deleted:
             clauses.append("status != ?")
             params.append(SandboxStatus.DELETED.value)
+        if after is not None:
+            clauses.append("(created_at < ? OR (created_at = ? AND id > ?))")
+            params.extend((_ts(after[0]), _ts(after[0]), after[1]))
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        page = "" if limit is None else f"LIMIT {int(limit)}"
         rows = self._db.execute(
-            f"SELECT record FROM sandboxes {where} ORDER BY created_at DESC, id",  # noqa: S608
+            f"SELECT record FROM sandboxes {where} ORDER BY created_at DESC, id {page}",  # noqa: S608
             params,
         ).fetchall()
         return _parse_all(SandboxRecord, rows, "sandbox")
