@@ -41,12 +41,17 @@ key=$( (
 ) | sha256sum | cut -c1-16)
 root=${ORCHARD_K8S_CACHE:-/var/cache/orchard/k8s}
 bin="$root/$k8s_version-$key/bin"
-control_plane=(etcd etcdctl kube-apiserver kube-controller-manager kube-scheduler kubectl)
-if [[ $tier == check ]]; then
-  for name in "${control_plane[@]}"; do [[ -x $bin/$name ]] || exit 3; done
+wanted=(etcd etcdctl kube-apiserver kube-controller-manager kube-scheduler kubectl)
+[[ $tier == all ]] && wanted+=(kubelet kube-proxy)
+cached() {
+  local name
+  for name in "${wanted[@]}"; do [[ -x $bin/$name ]] || return 1; done
+}
+if cached; then # a hit needs no lock (a build of the other binaries may hold it)
   echo "$bin"
   exit 0
 fi
+[[ $tier == check ]] && exit 3
 mkdir -p "$bin"
 
 # One builder at a time per cache entry; a second caller waits and then finds the binaries.
