@@ -22,6 +22,8 @@ case "$tier" in
     ;;
 esac
 
+# A login shell has Go's own install on PATH; make and CI shells may not.
+[[ -x /usr/local/go/bin/go ]] && PATH=$PATH:/usr/local/go/bin
 command -v go >/dev/null || {
   echo "ensure-bins.sh: 'go' is not on PATH (Go 1.26 is needed to build the cluster binaries)" >&2
   exit 1
