@@ -30,6 +30,8 @@ from orchard_env.orchestrator.backends.docker_engine import (
     LABEL_INSTANCE,
     find_engine,
 )
+from tests.kube_local import LocalCluster
+from tests.kube_local import local_cluster as find_local_cluster
 
 TEST_INSTANCE = f"pytest-{os.getpid()}"
 _TEST_INSTANCE_RE = re.compile(r"^pytest-(\d+)")
@@ -83,6 +85,19 @@ def image_tags(client: docker.DockerClient, label: str) -> list[str]:
                 raise
             time.sleep(0.1)
     raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[LocalCluster]:
+    """The real local control plane (tests/kube_local.py), for the ``kube_real`` tier;
+    skipped without its binaries, except under ``make test`` (``ORCHARD_KUBE_REAL=require``,
+    what CI runs), where that fails."""
+    with find_local_cluster() as found:
+        if isinstance(found, str):
+            if os.environ.get("ORCHARD_KUBE_REAL") == "require":
+                pytest.fail(f"ORCHARD_KUBE_REAL=require (make test), but: {found}")
+            pytest.skip(found)
+        yield found
 
 
 @pytest.fixture(scope="session")
