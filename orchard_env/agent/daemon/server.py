@@ -127,7 +127,7 @@ class Agent:
                 await self.stream_job(req, self.jobs[job_id])
                 return
             if action == "cancel" and method == "POST":
-                cancelled = self.jobs[job_id].kill("cancel")
+                cancelled = self.jobs.cancel(job_id)
                 await req.send_json(200, {"job_id": job_id, "cancelled": cancelled})
                 return
         elif path in {p for _, p in routes}:
@@ -229,7 +229,10 @@ class Agent:
         data = None if stdin is None else decode_b64(stdin, "stdin")
         job = self.jobs.add(job_id, fingerprint, max_output)
         login = bool(body.get("login_shell"))
-        job.start(command, login, cwd, env, float(timeout) if timeout else None, data)
+        if self.jobs.was_cancelled_ahead(job_id):
+            job.end_cancelled()
+        else:
+            job.start(command, login, cwd, env, float(timeout) if timeout else None, data)
         await self.stream_job(req, job)
 
     async def stream_job(self, req: Request, job: Job) -> None:
