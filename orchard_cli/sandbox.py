@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 import sys
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -35,11 +36,12 @@ from orchard_cli.output import (
     pairs,
     when,
 )
-from orchard_env.errors import InvalidRequest
+from orchard_env.errors import InvalidRequest, JobNotFound
 from orchard_env.smoke import DEFAULT_IMAGE
 
 if TYPE_CHECKING:
     from orchard_env.protocol import FileEntry, SandboxInfo
+    from orchard_env.sdk import SandboxClient
 
 app = typer.Typer(help="Create, drive and delete sandboxes.", no_args_is_help=True)
 
@@ -255,7 +257,7 @@ def exec_(
     """
     argv: str | list[str] = command[0] if len(command) == 1 else command
     data = sys.stdin.buffer.read() if stdin else None
-    started: str | None = job_id
+    job_id = job_id or uuid.uuid4().hex  # known before it starts: an interrupt can cancel it
     with connect(url, api_key, context) as client:
         sandbox = client.get_sandbox(sandbox_id)
         final = None
@@ -268,13 +270,11 @@ def exec_(
             stdin=data,
             shell=isinstance(argv, str),  # several words: an exact argv, as docker exec runs it
             job_id=job_id,
-            cancel_on_interrupt=not detach_on_interrupt,
+            cancel_on_interrupt=False,  # below: an interrupt between events counts too
         )
         try:
             for event in events:
-                if event.event == "started":
-                    started = event.job_id
-                elif event.event == "stdout" and event.data:
+                if event.event == "stdout" and event.data:
                     sys.stdout.write(event.data)
                     sys.stdout.flush()
                 elif event.event == "stderr" and event.data:
@@ -283,7 +283,10 @@ def exec_(
                 elif event.event == "exit":
                     final = event.job
         except KeyboardInterrupt:
-            _interrupted(sandbox_id, started, command, detach_on_interrupt)
+            if detach_on_interrupt:
+                _detached(sandbox_id, job_id, command)
+            else:
+                _cancel_interrupted(client, job_id)
             raise typer.Exit(130) from None
     if final is None:
         err.print("[red]The output stream ended without an exit status.[/]")
@@ -305,19 +308,29 @@ def exit_status(code: int | None) -> int:
     return 128 - code if code < 0 else code
 
 
-def _interrupted(sandbox_id: str, job_id: str | None, command: list[str], detached: bool) -> None:
-    if job_id is None:
+def _detached(sandbox_id: str, job_id: str, command: list[str]) -> None:
+    again = shlex.join(["orchard", "sandbox", "exec", sandbox_id, "--job-id", job_id, "--"])
+    err.print(
+        f"Detached: job {job_id} keeps running. Re-attach with:\n  {again} {shlex.join(command)}"
+    )
+
+
+def _cancel_interrupted(client: SandboxClient, job_id: str) -> None:
+    """Cancel the interrupted command and say what became of it."""
+    try:
+        job = client.cancel_job(job_id)
+    except JobNotFound:
         err.print("Interrupted before the command started.")
         return
-    again = shlex.join(["orchard", "sandbox", "exec", sandbox_id, "--job-id", job_id, "--"])
-    again += " " + shlex.join(command)
-    if detached:
-        err.print(f"Detached: job {job_id} keeps running. Re-attach with:\n  {again}")
-    else:
+    if job.cancelled:
         err.print(
             f"Interrupted: job {job_id} was cancelled in the sandbox "
             "(--detach-on-interrupt keeps a command running instead)."
         )
+    elif job.is_complete:
+        err.print(f"Interrupted: job {job_id} had already ended ({job.status.value}).")
+    else:
+        err.print(f"Interrupted: job {job_id} was told to stop, but it was still running.")
 
 
 @app.command()

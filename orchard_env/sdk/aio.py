@@ -337,9 +337,13 @@ class AsyncSandboxClient(ClientView):
                 await self._sleep(replay.reconnect_delay(failure))
         except (KeyboardInterrupt, asyncio.CancelledError):
             if cancel_on_interrupt and replay.final is None and request.job_id is not None:
-                with contextlib.suppress(errors.OrchardError):
-                    await self.cancel_job(request.job_id)
+                await self._cancel_interrupted(request.job_id)
             raise
+
+    async def _cancel_interrupted(self, job_id: str) -> None:
+        """Cancel a job whose caller was interrupted while it ran (errors are not theirs)."""
+        with contextlib.suppress(errors.OrchardError):
+            await self.cancel_job(job_id)
 
 
 class AsyncSandbox(SandboxBase):
@@ -483,23 +487,29 @@ class AsyncSandbox(SandboxBase):
     ) -> ExecResult:
         """See :meth:`Sandbox.exec_streamed`."""
         final: protocol.Job | None = None
-        async for event in self.exec_stream(
-            command,
-            timeout,
-            cwd,
-            env,
-            login_shell,
-            stdin=stdin,
-            job_id=job_id,
-            shell=shell,
-            cancel_on_interrupt=cancel_on_interrupt,
-        ):
-            if event.event == "stdout":
-                emit(stdout or sys.stdout, event.data)
-            elif event.event == "stderr":
-                emit(stderr or sys.stderr, event.data)
-            elif event.event == "exit":
-                final = event.job
+        job_id = job_id or flows.new_job_id()
+        try:
+            async for event in self.exec_stream(
+                command,
+                timeout,
+                cwd,
+                env,
+                login_shell,
+                stdin=stdin,
+                job_id=job_id,
+                shell=shell,
+                cancel_on_interrupt=False,  # below: an interrupt in a sink counts too
+            ):
+                if event.event == "stdout":
+                    emit(stdout or sys.stdout, event.data)
+                elif event.event == "stderr":
+                    emit(stderr or sys.stderr, event.data)
+                elif event.event == "exit":
+                    final = event.job
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            if cancel_on_interrupt and final is None:
+                await self._client._cancel_interrupted(job_id)
+            raise
         result = flows.stream_result(final, timeout)
         if check:
             result.check_returncode()

@@ -372,9 +372,13 @@ class SandboxClient(ClientView):
                 self._sleep(replay.reconnect_delay(failure))
         except KeyboardInterrupt:
             if cancel_on_interrupt and replay.final is None and request.job_id is not None:
-                with contextlib.suppress(errors.OrchardError):
-                    self.cancel_job(request.job_id)
+                self._cancel_interrupted(request.job_id)
             raise
+
+    def _cancel_interrupted(self, job_id: str) -> None:
+        """Cancel a job whose caller was interrupted while it ran (errors are not theirs)."""
+        with contextlib.suppress(errors.OrchardError):
+            self.cancel_job(job_id)
 
 
 class Sandbox(SandboxBase):
@@ -498,7 +502,9 @@ class Sandbox(SandboxBase):
         without repeating output already yielded; so does calling again with the same
         ``job_id`` and command. Ctrl-C (``KeyboardInterrupt``) while waiting cancels the
         command in the sandbox before it propagates, unless ``cancel_on_interrupt=False``
-        (the job keeps running; re-attach with its ``job_id``).
+        (the job keeps running; re-attach with its ``job_id``). One that lands in the body
+        of your loop, between events, does not pass through here: catch it there and call
+        ``cancel_job`` with the job id you gave (:meth:`exec_streamed` does).
         """
         request = flows.exec_request(
             command,
@@ -539,23 +545,29 @@ class Sandbox(SandboxBase):
         :meth:`exec_stream`).
         """
         final: protocol.Job | None = None
-        for event in self.exec_stream(
-            command,
-            timeout,
-            cwd,
-            env,
-            login_shell,
-            stdin=stdin,
-            job_id=job_id,
-            shell=shell,
-            cancel_on_interrupt=cancel_on_interrupt,
-        ):
-            if event.event == "stdout":
-                emit(stdout or sys.stdout, event.data)
-            elif event.event == "stderr":
-                emit(stderr or sys.stderr, event.data)
-            elif event.event == "exit":
-                final = event.job
+        job_id = job_id or flows.new_job_id()
+        try:
+            for event in self.exec_stream(
+                command,
+                timeout,
+                cwd,
+                env,
+                login_shell,
+                stdin=stdin,
+                job_id=job_id,
+                shell=shell,
+                cancel_on_interrupt=False,  # below: an interrupt in a sink counts too
+            ):
+                if event.event == "stdout":
+                    emit(stdout or sys.stdout, event.data)
+                elif event.event == "stderr":
+                    emit(stderr or sys.stderr, event.data)
+                elif event.event == "exit":
+                    final = event.job
+        except KeyboardInterrupt:
+            if cancel_on_interrupt and final is None:
+                self._client._cancel_interrupted(job_id)
+            raise
         result = flows.stream_result(final, timeout)
         if check:
             result.check_returncode()

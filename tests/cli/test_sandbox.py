@@ -137,20 +137,7 @@ def test_exit_codes_pass_through_and_signals_are_128_plus_n(sandbox_id: str) -> 
     assert unknown.returncode == 125 and b"Error:" in unknown.stderr
 
 
-@pytest.mark.parametrize(
-    "detach",
-    [
-        pytest.param(
-            False,
-            marks=pytest.mark.xfail(
-                reason="known bug: the CLI reports the cancel, yet the job is often still "
-                "running 30 s later (a cancel lost on its way to the agent); to be fixed",
-                strict=False,
-            ),
-        ),
-        True,
-    ],
-)
+@pytest.mark.parametrize("detach", [False, True])
 def test_ctrl_c_cancels_the_remote_command_unless_detached(
     live: Live, sandbox_id: str, detach: bool
 ) -> None:
