@@ -1,5 +1,5 @@
-"""The reaper: one loop that reconciles with the backend and expires what should go
-(sandboxes, and snapshots with their images)."""
+"""The reaper: one loop that reconciles with the backend, expires what should go
+(sandboxes, and snapshots with their images) and has the warm pools replace theirs."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from orchard_env.config import ServiceSettings
+from orchard_env.orchestrator.pools import PoolService
 from orchard_env.orchestrator.sandboxes import SandboxService
 from orchard_env.orchestrator.snapshots import SnapshotService
 from orchard_env.orchestrator.store import Store
@@ -23,20 +24,23 @@ class Reaper:
         store: Store,
         sandboxes: SandboxService,
         snapshots: SnapshotService,
+        pools: PoolService,
         clock: Callable[[], datetime],
     ) -> None:
         self.settings = settings
         self.store = store
         self.sandboxes = sandboxes
         self.snapshots = snapshots
+        self.pools = pools
         self.clock = clock
 
     async def run_pass(self, now: datetime | None = None) -> None:
-        """One pass: reconcile; TTL, idle and readiness expiry; snapshot collection; purge
-        old jobs and records."""
+        """One pass: reconcile; TTL, idle and readiness expiry; pool refill; snapshot
+        collection; purge old jobs and records."""
         now = now or self.clock()
         await self.sandboxes.reconcile()
         await self.sandboxes.expire(now)
+        await self.pools.wake_all()
         await self.snapshots.collect(now)
         cutoff = now - timedelta(seconds=self.settings.job_retention_seconds)
         purged_jobs = await self.store.purge_jobs(cutoff)

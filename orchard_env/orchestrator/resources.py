@@ -22,7 +22,7 @@ async def resources_report(store: Store, backend: Backend) -> ResourcesReport:
     if backend.name == "kubernetes":
         raise NotSupported("/resources is not implemented for the kubernetes backend yet")
     nodes = [host_node()]
-    live = [record for record in await store.list_sandboxes() if record.live]
+    live = [record for record in await store.list_sandboxes(pooled=True) if record.live]
     totals = ResourceAmounts(
         cpu=sum(n.allocatable.cpu for n in nodes),
         memory_bytes=sum(n.allocatable.memory_bytes for n in nodes),

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import secrets
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Hashable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -40,7 +40,7 @@ from orchard_env.orchestrator.backends.base import (
     SandboxSpec,
     SandboxState,
 )
-from orchard_env.orchestrator.records import LIVE_STATUSES, SandboxRecord
+from orchard_env.orchestrator.records import LIVE_STATUSES, PoolRecord, SandboxRecord, pool_key
 from orchard_env.orchestrator.store import Store
 from orchard_env.protocol import (
     CreateSandboxRequest,
@@ -101,6 +101,10 @@ class SandboxService:
         self._in_use: Counter[str] = Counter()
         self._touched: dict[str, datetime] = {}
         self.ready_gate_seconds = READY_GATE_SECONDS
+        # Warm pools (kept by PoolService): which pool serves a spec, and who to tell when
+        # one of its sandboxes is claimed.
+        self.pools_by_spec: dict[Hashable, str] = {}
+        self.on_claimed: Callable[[str], None] = lambda _pool: None
 
     # --- records and events ----------------------------------------------------------------
 
@@ -113,12 +117,20 @@ class SandboxService:
             event.set()
 
     async def _transition(
-        self, sandbox_id: str, from_statuses: Collection[SandboxStatus], **changes: Any
+        self,
+        sandbox_id: str,
+        from_statuses: Collection[SandboxStatus],
+        *,
+        when: Callable[[SandboxRecord], bool] | None = None,
+        **changes: Any,
     ) -> SandboxRecord | None:
-        """Apply ``changes`` if the record's status is still one of ``from_statuses``."""
+        """Apply ``changes`` if the record's status is still one of ``from_statuses`` (and
+        ``when`` holds for it)."""
         async with self._lock:
             record = await self.store.get_sandbox(sandbox_id)
             if record is None or record.status not in from_statuses:
+                return None
+            if when is not None and not when(record):
                 return None
             record = record.model_copy(update=changes)
             await self.store.put_sandbox(record)
@@ -136,7 +148,8 @@ class SandboxService:
 
     async def get_record(self, sandbox_id: str, caller: Caller) -> SandboxRecord:
         record = await self.store.get_sandbox(sandbox_id)
-        if record is None or not caller.can_see(record.owner):
+        # A sandbox waiting in a warm pool is nobody's yet, not even an admin's to touch.
+        if record is None or record.pool is not None or not caller.can_see(record.owner):
             raise SandboxNotFound(
                 f"sandbox {sandbox_id} does not exist",
                 hint="`orchard sandbox list` shows your sandboxes",
@@ -181,10 +194,14 @@ class SandboxService:
 
     # --- create ------------------------------------------------------------------------------
 
-    def _size(self, request: CreateSandboxRequest) -> tuple[float, int]:
-        cpu = self.settings.default_cpu if request.cpu is None else parse_cpu(request.cpu)
+    def resolve_size(
+        self, cpu_asked: str | float | None, memory_asked: str | int | None
+    ) -> tuple[float, int]:
+        """Cores and bytes of a request (the service's defaults where it names none), within
+        the service's caps."""
+        cpu = self.settings.default_cpu if cpu_asked is None else parse_cpu(cpu_asked)
         memory = (
-            self.settings.default_memory if request.memory is None else parse_memory(request.memory)
+            self.settings.default_memory if memory_asked is None else parse_memory(memory_asked)
         )
         if cpu > self.settings.max_cpu:
             raise LimitExceeded(
@@ -193,7 +210,7 @@ class SandboxService:
             )
         if memory > self.settings.max_memory:
             raise LimitExceeded(
-                f"memory {request.memory} is above this service's cap of "
+                f"memory {memory_asked} is above this service's cap of "
                 f"{format_memory(self.settings.max_memory)}",
                 hint="ask for less, or raise the cap with ORCHARD_MAX_MEMORY",
             )
@@ -207,44 +224,128 @@ class SandboxService:
         source_snapshot: str | None = None,
     ) -> SandboxInfo:
         """Start a sandbox (``source_snapshot``: restored from that snapshot, whose image
-        ``request.image`` names); readiness follows in the background."""
-        cpu, memory = self._size(request)
-        sandbox_id = request.sandbox_id or new_sandbox_id()
+        ``request.image`` names); readiness follows in the background. A request a warm
+        pool serves (same spec, no ``sandbox_id``) takes one of its ready sandboxes."""
+        cpu, memory = self.resolve_size(request.cpu, request.memory)
+        workdir = request.workdir or self.settings.default_workdir
+        if request.sandbox_id is None and source_snapshot is None:
+            key = pool_key(request.image, cpu, memory, request.block_network, workdir, request.env)
+            pool = self.pools_by_spec.get(key)
+            if pool is not None:
+                claimed = await self._claim(pool, request, caller)
+                if claimed is not None:
+                    return claimed.to_info(self.settings)
         now = self.clock()
         record = SandboxRecord(
-            sandbox_id=sandbox_id,
+            sandbox_id=request.sandbox_id or new_sandbox_id(),
             image=request.image,
             cpu=cpu,
             memory_bytes=memory,
             block_network=request.block_network,
-            workdir=request.workdir or self.settings.default_workdir,
+            workdir=workdir,
             env=request.env,
             labels=request.labels,
             owner=caller.owner,
             created_at=now,
-            ready_timeout_seconds=request.timeout or self.settings.ready_timeout_seconds,
-            ttl_seconds=request.ttl_seconds or self.settings.sandbox_ttl_seconds,
-            idle_timeout_seconds=request.idle_timeout_seconds or self.settings.idle_timeout_seconds,
             last_activity_at=now,
             backend=self.backend.name,
             source_snapshot=source_snapshot,
+            **self._lifetimes(request),
         )
+        return (await self._launch(record)).to_info(self.settings)
+
+    def _lifetimes(self, request: CreateSandboxRequest) -> dict[str, Any]:
+        """The record fields a create request sets about time: readiness, TTL, idle."""
+        return {
+            "ready_timeout_seconds": request.timeout or self.settings.ready_timeout_seconds,
+            "ttl_seconds": request.ttl_seconds or self.settings.sandbox_ttl_seconds,
+            "idle_timeout_seconds": request.idle_timeout_seconds
+            or self.settings.idle_timeout_seconds,
+        }
+
+    async def _launch(self, record: SandboxRecord) -> SandboxRecord:
+        """Record, then start, a sandbox; its usage opens now unless it waits in a pool."""
+        sandbox_id = record.sandbox_id
         if sandbox_id in self._creating:
             raise self._exists(sandbox_id)
         self._creating.add(sandbox_id)
         try:
             if not await self.store.insert_sandbox(record):
                 raise self._exists(sandbox_id)
-            await self.store.open_usage(record.usage_row(record.created_at))
+            if record.pool is None:
+                await self.store.open_usage(record.usage_row(record.created_at))
             found = await self._create_container(record)
             record = await self._started(record, found)
         finally:
             self._creating.discard(sandbox_id)
         log.info(
             "sandbox created",
-            extra={"sandbox_id": sandbox_id, "image": record.image, "owner": record.owner},
+            extra={
+                "sandbox_id": sandbox_id,
+                "image": record.image,
+                "owner": record.owner,
+                "pool": record.pool,
+            },
         )
-        return record.to_info(self.settings)
+        return record
+
+    # --- warm pools ------------------------------------------------------------------------
+
+    async def create_pooled(self, pool: PoolRecord) -> SandboxRecord:
+        """Start one sandbox for ``pool``: nobody's, unbilled, until a create claims it."""
+        now = self.clock()
+        record = SandboxRecord(
+            sandbox_id=new_sandbox_id(),
+            image=pool.image,
+            cpu=pool.cpu,
+            memory_bytes=pool.memory_bytes,
+            block_network=pool.block_network,
+            workdir=pool.workdir,
+            env=pool.env,
+            created_at=now,
+            ready_timeout_seconds=self.settings.ready_timeout_seconds,
+            ttl_seconds=pool.ttl_seconds,
+            idle_timeout_seconds=0,
+            last_activity_at=now,
+            backend=self.backend.name,
+            pool=pool.name,
+        )
+        return await self._launch(record)
+
+    async def _claim(
+        self, pool: str, request: CreateSandboxRequest, caller: Caller
+    ) -> SandboxRecord | None:
+        """Hand one ready sandbox of ``pool`` to ``caller``, as if just created for it; None
+        when none is ready. Under the lock: a pooled sandbox is handed out once."""
+        now = self.clock()
+        async with self._lock:
+            waiting = await self.store.first_pooled(pool)
+            if waiting is None:
+                return None
+            record = waiting.model_copy(
+                update={
+                    "pool": None,
+                    "owner": caller.owner,
+                    "labels": request.labels,
+                    "created_at": now,
+                    "last_activity_at": now,
+                    **self._lifetimes(request),
+                }
+            )
+            await self.store.put_sandbox(record)
+        await self.store.open_usage(record.usage_row(now))
+        self._notify(record.sandbox_id)
+        self.on_claimed(pool)
+        log.info(
+            "sandbox created",
+            extra={
+                "sandbox_id": record.sandbox_id,
+                "image": record.image,
+                "owner": record.owner,
+                "claimed_from": pool,
+            },
+        )
+        return record
 
     @staticmethod
     def _exists(sandbox_id: str) -> SandboxExists:
@@ -455,16 +556,22 @@ class SandboxService:
         return DeleteResponse(sandbox_id=sandbox_id, already_deleted=ended is None)
 
     async def end(
-        self, sandbox_id: str, status: SandboxStatus, message: str
+        self,
+        sandbox_id: str,
+        status: SandboxStatus,
+        message: str,
+        *,
+        when: Callable[[SandboxRecord], bool] | None = None,
     ) -> SandboxRecord | None:
-        """Make a sandbox failed or deleted, then remove its container and close its usage."""
+        """Make a sandbox failed or deleted (if ``when`` holds for its record), then remove its
+        container and close its usage."""
         now = self.clock()
         changes: dict[str, Any] = {"status": status, "status_message": message, "ended_at": now}
         allowed = set(LIVE_STATUSES)
         if status == SandboxStatus.DELETED:
             changes["deleted_at"] = now
             allowed.add(SandboxStatus.FAILED)
-        record = await self._transition(sandbox_id, allowed, **changes)
+        record = await self._transition(sandbox_id, allowed, when=when, **changes)
         if record is None:
             return None
         task = self._readiness.pop(sandbox_id, None)
@@ -486,7 +593,7 @@ class SandboxService:
 
     async def reconcile(self) -> None:
         """Make records and the backend's containers agree (startup and every reaper pass)."""
-        records = await self.store.list_sandboxes(include_deleted=True)
+        records = await self.store.list_sandboxes(include_deleted=True, pooled=True)
         creating = set(self._creating)
         try:
             found = await self.backend.list()
@@ -545,6 +652,15 @@ class SandboxService:
                     "unreadable record annotation",
                     extra={"sandbox_id": found.sandbox_id, "error": str(exc)},
                 )
+        if record is not None and record.pool is not None:
+            # Its container cannot say whether a create claimed it: never hand it out again.
+            record = record.model_copy(
+                update={
+                    "pool": None,
+                    "status_message": f"adopted from warm pool {record.pool} without its "
+                    "record: it may have been claimed, so it is not handed out again",
+                }
+            )
         if record is None or record.sandbox_id != found.sandbox_id:
             record = SandboxRecord(
                 sandbox_id=found.sandbox_id,
@@ -571,16 +687,19 @@ class SandboxService:
 
     async def expire(self, now: datetime) -> None:
         """End sandboxes past their TTL, idle too long, or stuck starting."""
-        for record in await self.store.list_sandboxes():
+        for record in await self.store.list_sandboxes(pooled=True):
             sandbox_id = record.sandbox_id
             if not record.live or sandbox_id in self._creating:
                 continue
             ttl, idle = record.ttl_seconds, record.idle_timeout_seconds
             if ttl and now >= record.created_at + timedelta(seconds=ttl):
+                # Unless a create claimed it meanwhile (its lifetime starts again then).
+                created = record.created_at
                 await self.end(
                     sandbox_id,
                     SandboxStatus.DELETED,
                     f"expired: its lifetime of {ttl} s (ttl_seconds) ran out",
+                    when=lambda current, created=created: current.created_at == created,  # type: ignore[misc]
                 )
             elif (
                 idle

@@ -11,6 +11,7 @@ from orchard_env.orchestrator.agents import AgentPool
 from orchard_env.orchestrator.backends.base import Backend
 from orchard_env.orchestrator.files import FileService
 from orchard_env.orchestrator.jobs import JobService
+from orchard_env.orchestrator.pools import PoolService
 from orchard_env.orchestrator.reaper import Reaper
 from orchard_env.orchestrator.sandboxes import SandboxService
 from orchard_env.orchestrator.snapshots import SnapshotService
@@ -26,6 +27,7 @@ class Orchard:
     sandboxes: SandboxService
     jobs: JobService
     snapshots: SnapshotService
+    pools: PoolService
     files: FileService
     reaper: Reaper
     clock: Callable[[], datetime]
@@ -42,6 +44,7 @@ class Orchard:
         sandboxes = SandboxService(settings, store, backend, agents, clock)
         jobs = JobService(settings, store, sandboxes, agents, clock)
         snapshots = SnapshotService(settings, store, backend, sandboxes, clock)
+        pools = PoolService(settings, store, sandboxes, clock)
         return cls(
             settings=settings,
             store=store,
@@ -50,18 +53,23 @@ class Orchard:
             sandboxes=sandboxes,
             jobs=jobs,
             snapshots=snapshots,
+            pools=pools,
             files=FileService(sandboxes, agents),
-            reaper=Reaper(settings, store, sandboxes, snapshots, clock),
+            reaper=Reaper(settings, store, sandboxes, snapshots, pools, clock),
             clock=clock,
         )
 
     async def start(self) -> None:
-        """Adopt what runs, fail what is gone, then pick up unfinished jobs."""
+        """Adopt what runs, fail what is gone, refill the warm pools, then pick up unfinished
+        jobs."""
         await self.sandboxes.reconcile()
+        await self.pools.start()
         await self.jobs.resume()
 
     async def stop(self) -> None:
-        """Stop following jobs and probes; the sandboxes and their commands keep running."""
+        """Stop following jobs and probes and filling pools; the sandboxes and their commands
+        keep running."""
+        await self.pools.close()
         await self.jobs.close()
         await self.sandboxes.close()
         await self.agents.close()

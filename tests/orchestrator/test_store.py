@@ -43,14 +43,14 @@ async def test_schema_is_versioned_and_the_file_private(tmp_path: Path) -> None:
     await reopened.close()
     with sqlite3.connect(path) as db:
         versions = [row[0] for row in db.execute("SELECT version FROM schema_migrations")]
-        assert versions == [1, 2, 3]
+        assert versions == [1, 2, 3, 4]
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         db.execute("INSERT INTO schema_migrations VALUES (99, 'future')")
     future = SQLiteStore(path)
     with pytest.raises(ConfigError) as raised:
         await future.open()
     assert raised.value.message == (
-        f"the state database {path} has schema version 99, newer than this Orchard understands (3)"
+        f"the state database {path} has schema version 99, newer than this Orchard understands (4)"
     )
 
 
