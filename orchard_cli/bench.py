@@ -77,14 +77,20 @@ def exec_(
 def create(
     n: Annotated[int, typer.Option("--n", help="Number of sandboxes, one after another.")] = 10,
     image: ImageOpt = DEFAULT_IMAGE,
+    pool: Annotated[
+        bool,
+        typer.Option(
+            "--pool", help="Also from a warm pool made for the run, beside cold (admin key)."
+        ),
+    ] = False,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """Create to first successful exec, image present."""
+    """Create to first successful exec, image present (with --pool: cold and pooled)."""
     with connect(url, api_key, context) as client, err.status("create benchmark") as status:
-        result = bench_create(client, image=image, n=n, progress=status.update)
+        result = bench_create(client, image=image, n=n, pool=pool, progress=status.update)
     _emit(result, json_)
 
 

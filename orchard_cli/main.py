@@ -16,6 +16,7 @@ from orchard_cli import (
     images,
     init,
     keys,
+    pool,
     sandbox,
     service,
     smoke,
@@ -38,6 +39,7 @@ deploy.register(app)
 init.register(app)
 app.add_typer(sandbox.app, name="sandbox", rich_help_panel="Sandboxes")
 app.add_typer(snapshot.app, name="snapshot", rich_help_panel="Sandboxes")
+app.add_typer(pool.app, name="pool", rich_help_panel="Sandboxes")
 app.add_typer(keys.app, name="keys", rich_help_panel="Service")
 app.add_typer(context.app, name="context", rich_help_panel="Service")
 app.add_typer(images.app, name="images", rich_help_panel="Service")

@@ -8,12 +8,15 @@ noisy: ratios travel, absolute numbers do not.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchard_env.errors import OrchardError
+from orchard_env.protocol import SandboxStatus
 from orchard_env.sdk import AsyncSandbox, AsyncSandboxClient, SandboxClient
 
 Progress = Callable[[str], None]
@@ -167,20 +170,74 @@ def _agent_memory(listing: str) -> dict[str, float]:
 
 
 def bench_create(
-    client: SandboxClient, *, image: str, n: int = 10, progress: Progress = lambda _m: None
+    client: SandboxClient,
+    *,
+    image: str,
+    n: int = 10,
+    pool: bool = False,
+    progress: Progress = lambda _m: None,
 ) -> BenchResult:
-    """Create → first successful exec, one sandbox at a time, image present."""
-    result = BenchResult("create to first exec", {"image": image, "n": n})
-    samples = []
-    for i in range(n):
-        progress(f"sandbox {i + 1}/{n}")
+    """Create → first successful exec, one sandbox at a time, image present. With ``pool``
+    (admin key), also from a warm pool made for the run, each pooled sample right after a
+    cold one of the same spec (cold: a create naming its own id, which no pool serves)."""
+    result = BenchResult("create to first exec", {"image": image, "n": n, "pool": pool})
+
+    def sample(sandbox_id: str | None) -> tuple[float, bool]:
         started = time.perf_counter()
-        sandbox = client.create_sandbox(image)
+        sandbox = client.create_sandbox(image, sandbox_id=sandbox_id)
         sandbox.exec(["true"], check=True)
-        samples.append(time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        from_pool = sandbox.info.status is SandboxStatus.READY and sandbox_id is None
         sandbox.delete()
-    result.stats["create + first exec"] = Stats.of(samples)
+        return elapsed, from_pool
+
+    if not pool:
+        samples = []
+        for i in range(n):
+            progress(f"sandbox {i + 1}/{n}")
+            samples.append(sample(None)[0])
+        result.stats["create + first exec"] = Stats.of(samples)
+        return result
+    name = f"bench-{secrets.token_hex(3)}"
+    client.create_pool(name, image, POOL_BENCH_SIZE)
+    cold, warm, missed = [], [], 0
+    try:
+        for i in range(n):
+            progress(f"cold sandbox {i + 1}/{n}")
+            cold.append(sample(f"bench-cold-{secrets.token_hex(4)}")[0])
+            progress(f"waiting for pool {name} to refill")
+            _wait_pool_full(client, name)
+            progress(f"pooled sandbox {i + 1}/{n}")
+            elapsed, from_pool = sample(None)
+            warm.append(elapsed)
+            missed += not from_pool
+    finally:
+        client.delete_pool(name)
+    result.stats["create + first exec (cold)"] = Stats.of(cold)
+    result.stats["create + first exec (from a warm pool)"] = Stats.of(warm)
+    result.figures["pooled samples not served by the pool"] = missed
+    result.figures["ratio p50 (pool / cold)"] = round(
+        result.stats["create + first exec (from a warm pool)"].p50
+        / result.stats["create + first exec (cold)"].p50,
+        4,
+    )
     return result
+
+
+POOL_BENCH_SIZE = 2
+
+
+def _wait_pool_full(client: SandboxClient, name: str, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        info = client.get_pool(name)
+        if info.ready >= info.size:
+            return
+        if info.error or time.monotonic() > deadline:
+            raise OrchardError(
+                f"pool {name} did not fill: {info.error or f'{info.ready}/{info.size} ready'}"
+            )
+        time.sleep(0.05)
 
 
 LAUNCH_COMMANDS: tuple[str | list[str], ...] = (
