@@ -8,7 +8,8 @@
   key, not even an admin may exec in it. A claim (:meth:`SandboxService.create`) makes it
   the caller's under the service's one lock, so it is handed out once; it is never put back.
 * The filler: one task per pool that tops it up to its size (a few creations at a time) and
-  trims it when it shrinks; woken by a claim, a resize, and every reaper interval.
+  trims it when it shrinks; woken by a claim (a second later), a resize, and every reaper
+  interval.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ FILL_CONCURRENCY = 4
 """Pooled sandboxes one pool starts at once while it refills."""
 DEFAULT_POOL_TTL_SECONDS = 3600
 CLOSE_WAIT_SECONDS = 30.0
+REFILL_AFTER_CLAIM_SECONDS = 1.0
+"""A claimed sandbox's replacement starts this much later, so its first commands do not
+compete with a container start (and a burst of claims is refilled in one pass)."""
 
 
 class PoolService:
@@ -55,7 +59,7 @@ class PoolService:
         self._again: set[str] = set()
         self._errors: dict[str, str] = {}
         self._closing = False
-        sandboxes.on_claimed = self.wake
+        sandboxes.on_claimed = self._claimed
 
     # --- definitions -------------------------------------------------------------------------
 
@@ -168,6 +172,9 @@ class PoolService:
                 await self._end_member(member, "its warm pool was removed")
         for name in pools:
             self.wake(name)
+
+    def _claimed(self, name: str) -> None:
+        asyncio.get_running_loop().call_later(REFILL_AFTER_CLAIM_SECONDS, self.wake, name)
 
     def wake(self, name: str) -> None:
         """Top ``name`` up (now, or once its running pass ends)."""
