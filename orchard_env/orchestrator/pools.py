@@ -8,8 +8,8 @@
   key, not even an admin may exec in it. A claim (:meth:`SandboxService.create`) makes it
   the caller's under the service's one lock, so it is handed out once; it is never put back.
 * The filler: one task per pool that tops it up to its size (a few creations at a time) and
-  trims it when it shrinks; woken by a claim (a second later), a resize, and every reaper
-  interval.
+  trims it when it shrinks; woken after claims (once they pause for a second), a resize, and
+  every reaper interval.
 """
 
 from __future__ import annotations
@@ -39,8 +39,10 @@ FILL_CONCURRENCY = 4
 DEFAULT_POOL_TTL_SECONDS = 3600
 CLOSE_WAIT_SECONDS = 30.0
 REFILL_AFTER_CLAIM_SECONDS = 1.0
-"""A claimed sandbox's replacement starts this much later, so its first commands do not
-compete with a container start (and a burst of claims is refilled in one pass)."""
+"""Claims are refilled once a pool has had no claim for this long (at most
+REFILL_AT_MOST_SECONDS after the first): the claimed sandboxes' first commands do not compete
+with container starts, and a burst of claims is refilled in one pass."""
+REFILL_AT_MOST_SECONDS = 10.0
 
 
 class PoolService:
@@ -59,6 +61,7 @@ class PoolService:
         self._again: set[str] = set()
         self._errors: dict[str, str] = {}
         self._closing = False
+        self._claims: dict[str, tuple[float, float]] = {}  # pool -> (first, last) unrefilled
         sandboxes.on_claimed = self._claimed
 
     # --- definitions -------------------------------------------------------------------------
@@ -174,7 +177,22 @@ class PoolService:
             self.wake(name)
 
     def _claimed(self, name: str) -> None:
-        asyncio.get_running_loop().call_later(REFILL_AFTER_CLAIM_SECONDS, self.wake, name)
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        first, _ = self._claims.get(name, (now, now))
+        self._claims[name] = (first, now)
+        if first == now:
+            loop.call_later(REFILL_AFTER_CLAIM_SECONDS, self._refill_after_claims, name)
+
+    def _refill_after_claims(self, name: str) -> None:
+        loop = asyncio.get_running_loop()
+        first, last = self._claims[name]
+        quiet_at = min(last + REFILL_AFTER_CLAIM_SECONDS, first + REFILL_AT_MOST_SECONDS)
+        if loop.time() < quiet_at:
+            loop.call_later(quiet_at - loop.time(), self._refill_after_claims, name)
+            return
+        del self._claims[name]
+        self.wake(name)
 
     def wake(self, name: str) -> None:
         """Top ``name`` up (now, or once its running pass ends)."""

@@ -62,6 +62,8 @@ READY_GATE_SECONDS = 15.0
 """How long exec, files and PTY wait for a pending sandbox before answering 409."""
 TOUCH_PERSIST_SECONDS = 5.0
 """Activity is written at most this often per sandbox (heartbeats always write)."""
+CONTAINER_CHECK_MAX_SECONDS = 5.0
+"""While a sandbox starts, the longest its container goes uninspected."""
 _DEAD_STATES = (SandboxState.EXITED, SandboxState.FAILED)
 SETTLED_STATUSES = frozenset({SandboxStatus.READY, SandboxStatus.FAILED, SandboxStatus.DELETED})
 
@@ -406,6 +408,10 @@ class SandboxService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_seconds
         last_error = "it has not answered yet"
+        # The container is inspected between slices of polling the agent: 1 s, then longer
+        # ones (up to CONTAINER_CHECK_MAX_SECONDS), so hundreds of sandboxes starting at once
+        # do not flood the engine that is busy creating them.
+        slice_limit = 1.0
         try:
             while True:
                 record = await self.store.get_sandbox(sandbox_id)
@@ -413,7 +419,8 @@ class SandboxService:
                     return
                 if record.agent is not None:
                     try:
-                        slice_ = min(1.0, max(deadline - loop.time(), 0.05))
+                        slice_ = min(slice_limit, max(deadline - loop.time(), 0.05))
+                        slice_limit = min(slice_limit * 2, CONTAINER_CHECK_MAX_SECONDS)
                         await self.agents.client(record).wait_ready(slice_)
                     except Exception as exc:
                         last_error = str(exc) or type(exc).__name__

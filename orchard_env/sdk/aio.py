@@ -42,7 +42,9 @@ from orchard_env.sdk.results import ExecResult, FileEntry, Health, PatchResult, 
 logger = logging.getLogger("orchard_env.sdk")
 
 _T = TypeVar("_T")
-_LIMITS = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+# Creates and ready-waits hold a connection for as long as the service takes to start the
+# sandbox: a lower cap than the tasks a caller runs at once queues their commands behind them.
+_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
 
 
 class AsyncSandboxClient(ClientView):
