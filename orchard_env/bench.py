@@ -332,6 +332,8 @@ async def _launch(
     finished = 0
     peak = before
     last_ready = 0.0
+    launched = bench_host.sample(orchestrator, engine)
+    client_cpu = time.process_time()
     started = time.perf_counter()
 
     def one_finished() -> None:
@@ -370,6 +372,7 @@ async def _launch(
     try:
         outcomes = await asyncio.gather(*(one(i) for i in range(n)))
         total = time.perf_counter() - started
+        client_cpu = time.process_time() - client_cpu
         progress("deleting them")
         deleting = time.perf_counter()
         await asyncio.gather(
@@ -395,9 +398,16 @@ async def _launch(
             "commands succeeded": commands,
             "commands per second": round(commands / total, 1),
             "delete all seconds": round(deleted, 2),
+            "benchmark client CPU seconds (this process, same machine)": round(client_cpu, 2),
         }
     )
     result.figures.update(_memory_figures(before, peak, len(creates)))
+    for what, then, now in (
+        ("orchestrator", launched.orchestrator_cpu, peak.orchestrator_cpu),
+        ("engine service", launched.engine_cpu, peak.engine_cpu),
+    ):
+        if then is not None and now is not None:
+            result.figures[f"{what} CPU seconds during the launch"] = round(now - then, 2)
     result.params["failures"] = failures[:5]
     return result
 

@@ -78,6 +78,17 @@ def rss_mb(pid: int | None) -> float | None:
     return None
 
 
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time the process has used so far."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def available_mb() -> float:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -90,10 +101,18 @@ class HostSample:
     available_mb: float
     orchestrator_mb: float | None
     engine_mb: float | None
+    orchestrator_cpu: float | None = None
+    engine_cpu: float | None = None
 
 
 def sample(orchestrator: int | None, engine: int | None) -> HostSample:
-    return HostSample(available_mb(), rss_mb(orchestrator), rss_mb(engine))
+    return HostSample(
+        available_mb(),
+        rss_mb(orchestrator),
+        rss_mb(engine),
+        cpu_seconds(orchestrator),
+        cpu_seconds(engine),
+    )
 
 
 def engine_alone(engine_url: str, image: str, n: int) -> float:
