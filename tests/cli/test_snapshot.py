@@ -5,52 +5,19 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from rich.console import Console
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
-from orchard_cli.main import app
 from orchard_cli.snapshot import lineage_tree
 from orchard_env import errors
 from orchard_env.orchestrator import snapshots
 from orchard_env.protocol import SandboxInfo, SandboxStatus, Snapshot
-from tests.orchestrator.conftest import make_settings
+from tests.cli.conftest import ok
 from tests.orchestrator.fakes import AgentProcessBackend
-from tests.servers import fake_backend, live_service
-
-runner = CliRunner()
-
-
-@pytest.fixture
-def backend() -> Iterator[AgentProcessBackend]:
-    with fake_backend() as fake:
-        yield fake
-
-
-@pytest.fixture
-def orchard(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: AgentProcessBackend
-) -> Iterator[Callable[..., Result]]:
-    """Run `orchard …` against a live orchestrator (ORCHARD_URL/ORCHARD_API_KEY set)."""
-    settings = make_settings(tmp_path / "state")
-    with live_service(settings, key_name="cli", backend=backend, thread_name="uvicorn-cli") as live:
-        monkeypatch.setenv("ORCHARD_CONFIG", str(tmp_path / "config.toml"))
-        monkeypatch.setenv("ORCHARD_URL", live.url)
-        monkeypatch.setenv("ORCHARD_API_KEY", live.api_key)
-
-        def invoke(*args: str) -> Result:
-            return runner.invoke(app, list(args))
-
-        yield invoke
-
-
-def ok(result: Result) -> str:
-    assert result.exit_code == 0, (result.output, result.exception)
-    return result.stdout
 
 
 def test_snapshot_commands_end_to_end(orchard: Callable[..., Result]) -> None:

@@ -17,6 +17,7 @@ from orchard_env.orchestrator.backends.docker_engine import (
     TOKEN_ENV,
     DockerEngineBackend,
 )
+from tests.orchestrator.backends.test_docker_engine import _open_backend
 from tests.orchestrator.conftest import FakeClock, StartService, make_settings
 from tests.orchestrator.test_pools import members, wait_ready
 
@@ -33,13 +34,8 @@ def settings(tmp_path_factory: pytest.TempPathFactory, engine_instance: str) -> 
 async def backend(  # type: ignore[override]
     settings: ServiceSettings, agent_bundle: Path
 ) -> AsyncIterator[DockerEngineBackend]:
-    engine = DockerEngineBackend(settings, bundle_dir=agent_bundle)
-    try:
+    async for engine in _open_backend(settings, agent_bundle):
         yield engine
-    finally:
-        for sandbox in await engine.list():
-            await engine.delete(sandbox.sandbox_id)
-        await engine.close()
 
 
 def containers(client: docker.DockerClient, settings: ServiceSettings) -> dict[str, str]:
