@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import typer
 
@@ -18,7 +19,14 @@ from orchard_cli.console import (
     out,
     print_json,
 )
-from orchard_env.bench import BenchResult, bench_create, bench_exec, bench_fork, bench_launch
+from orchard_env.bench import (
+    BenchResult,
+    bench_create,
+    bench_exec,
+    bench_fork,
+    bench_launch,
+)
+from orchard_env.bench_host import listener_pid
 from orchard_env.config import client_settings
 from orchard_env.sdk import AsyncSandboxClient
 from orchard_env.smoke import DEFAULT_IMAGE
@@ -69,7 +77,15 @@ def exec_(
 
         engine_url = find_engine(docker_host)
     with connect(url, api_key, context) as client, err.status("exec benchmark") as status:
-        result = bench_exec(client, image=image, n=n, engine_url=engine_url, progress=status.update)
+        port = urlsplit(client.base_url).port
+        result = bench_exec(
+            client,
+            image=image,
+            n=n,
+            engine_url=engine_url,
+            orchestrator_pid=listener_pid(port) if port else None,
+            progress=status.update,
+        )
     _emit(result, json_)
 
 

@@ -40,20 +40,43 @@ def create(
     state_dir: Annotated[
         str | None, typer.Option("--state-dir", help="With --local: the service's state directory.")
     ] = None,
+    max_sandboxes: Annotated[
+        int | None, typer.Option("--max-sandboxes", help="Live sandboxes it may have at once.")
+    ] = None,
+    max_cpu: Annotated[
+        float | None, typer.Option("--max-cpu", help="CPU cores its live sandboxes may hold.")
+    ] = None,
+    max_memory: Annotated[
+        str | None, typer.Option("--max-memory", help="Memory its live sandboxes may hold (8Gi).")
+    ] = None,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """Create a key. Its secret is printed once, to stdout; store it now."""
+    """Create a key. Its secret is printed once, to stdout; store it now. Without --max-*, a
+    non-admin key gets the service's per-key limits (key_max_* settings)."""
     if local:
         from orchard_env.config import service_settings
         from orchard_env.orchestrator.keys import create_key_sync
 
-        created = create_key_sync(service_settings(state_dir=state_dir), name, admin=admin)
+        created = create_key_sync(
+            service_settings(state_dir=state_dir),
+            name,
+            admin=admin,
+            max_sandboxes=max_sandboxes,
+            max_cpu=max_cpu,
+            max_memory=max_memory,
+        )
     else:
         with connect(url, api_key, context) as client:
-            created = client.create_key(name, admin=admin)
+            created = client.create_key(
+                name,
+                admin=admin,
+                max_sandboxes=max_sandboxes,
+                max_cpu=max_cpu,
+                max_memory=max_memory,
+            )
     if json_:
         print_json(created)
     else:
@@ -76,12 +99,18 @@ def list_(
     if json_:
         print_json(keys)
         return
-    table = Table("KEY ID", "NAME", "ADMIN", "CREATED", "REVOKED")
+    table = Table("KEY ID", "NAME", "ADMIN", "QUOTA", "CREATED", "REVOKED")
     for key in keys:
+        limits = [
+            f"{key.max_sandboxes} sandboxes" if key.max_sandboxes else "",
+            f"{key.max_cpu:g} cpu" if key.max_cpu else "",
+            f"{key.max_memory} memory" if key.max_memory else "",
+        ]
         table.add_row(
             key.key_id,
             key.name,
             "yes" if key.admin else "",
+            ", ".join(limit for limit in limits if limit) or "service default",
             key.created_at.strftime("%Y-%m-%d %H:%M"),
             key.revoked_at.strftime("%Y-%m-%d %H:%M") if key.revoked_at else "",
         )

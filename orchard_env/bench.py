@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchard_env import bench_host
+from orchard_env.bench_host import cpu_seconds
 from orchard_env.errors import OrchardError
 from orchard_env.protocol import SandboxStatus
 from orchard_env.sdk import AsyncSandbox, AsyncSandboxClient, SandboxClient
@@ -25,7 +26,7 @@ Progress = Callable[[str], None]
 # Finds the agent's processes without matching the shell that searches for them.
 _AGENT_PSS = (
     "for p in /proc/[0-9]*; do "
-    "if grep -q 'agent/serve[r]' $p/cmdline 2>/dev/null; then "
+    "if tr '\\0' ' ' <$p/cmdline 2>/dev/null | grep -q '/agen[t] --listen'; then "
     "echo ${p#/proc/} $(grep '^Pss:' $p/smaps_rollup | tr -s ' ' | cut -d' ' -f2) "
     "$(grep '^VmRSS:' $p/status | tr -s ' ' | cut -d' ' -f2); fi; done"
 )
@@ -115,17 +116,29 @@ def bench_exec(
     image: str,
     n: int = 200,
     engine_url: str | None = None,
+    orchestrator_pid: int | None = None,
     progress: Progress = lambda _m: None,
 ) -> BenchResult:
-    """`true` through SDK → orchestrator → agent, beside the engine's own exec_run."""
+    """`true` through SDK → orchestrator → agent, beside the engine's own exec_run; with
+    ``orchestrator_pid`` (a service on this host) also its CPU time per exec, which load on
+    a shared machine disturbs far less than latency."""
     result = BenchResult("exec round trip", {"image": image, "n": n, "command": "['true']"})
     progress("creating a sandbox")
     with client.create_sandbox(image) as sandbox:
         for _ in range(10):
             sandbox.exec(["true"], check=True)
         progress(f"timing {n} execs through Orchard")
+        client_cpu = time.process_time()
+        service_cpu = cpu_seconds(orchestrator_pid) if orchestrator_pid else 0.0
         samples = [_timed(lambda: sandbox.exec(["true"], check=True)) for _ in range(n)]
         result.stats["orchard exec"] = Stats.of(samples)
+        result.figures["client CPU ms per exec"] = round(
+            (time.process_time() - client_cpu) * 1000 / n, 2
+        )
+        if orchestrator_pid:
+            result.figures["orchestrator CPU ms per exec"] = round(
+                (cpu_seconds(orchestrator_pid) - service_cpu) * 1000 / n, 2
+            )
         if engine_url is not None:
             progress(f"timing {n} execs through the engine's exec_run")
             engine = _engine_samples(engine_url, sandbox.sandbox_id, n)
@@ -162,7 +175,7 @@ def _agent_memory(listing: str) -> dict[str, float]:
             pss += float(parts[1]) / 1024
             rss += float(parts[2]) / 1024
     if not count:
-        return {}
+        raise RuntimeError(f"no agent process found in the sandbox's /proc: {listing!r}")
     return {
         "agent processes": count,
         "agent PSS MB": round(pss, 1),

@@ -50,13 +50,19 @@ def _owner(inodes: set[str]) -> int | None:
     return None
 
 
+def listener_pid(port: int) -> int | None:
+    """The pid of the process on this host listening on TCP ``port`` (None if not found, e.g.
+    the service is remote or another user's): from /proc/net/tcp{,6} and the fds in /proc."""
+    match = f":{port:04X}"
+    return _owner(_socket_inodes("tcp", match) | _socket_inodes("tcp6", match))
+
+
 def service_pid(url: str) -> int | None:
     """The local process listening on ``url``'s port (None if not on this machine)."""
     parts = urlsplit(url)
     if parts.hostname not in ("127.0.0.1", "localhost", "::1") or parts.port is None:
         return None
-    port = f":{parts.port:04X}"
-    return _owner(_socket_inodes("tcp", port) | _socket_inodes("tcp6", port))
+    return listener_pid(parts.port)
 
 
 def engine_pid(engine_url: str) -> int | None:
@@ -78,15 +84,19 @@ def rss_mb(pid: int | None) -> float | None:
     return None
 
 
-def cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU time the process has used so far."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(pid: int | None) -> float | None:
     if pid is None:
         return None
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return cpu_seconds(pid)
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def available_mb() -> float:
@@ -110,8 +120,8 @@ def sample(orchestrator: int | None, engine: int | None) -> HostSample:
         available_mb(),
         rss_mb(orchestrator),
         rss_mb(engine),
-        cpu_seconds(orchestrator),
-        cpu_seconds(engine),
+        _cpu(orchestrator),
+        _cpu(engine),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import secrets
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -88,13 +89,23 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
     Setting("state_dir", None, Path, "where the database, logs and sandbox dirs live"),
     Setting("backend", "docker", str, "sandbox backend: docker (local engine) or kubernetes"),
     Setting("docker_host", None, str, "engine socket URL; default: DOCKER_HOST, then the usual"),
-    Setting("instance", "default", str, "name of this orchestrator; labels its sandboxes"),
+    Setting(
+        "instance",
+        None,
+        str,
+        "name of this orchestrator; labels its sandboxes (default: local engine, one of the "
+        "state dir's own, kept in <state_dir>/instance; Kubernetes, 'default')",
+    ),
     Setting("require_api_key", "true", _bool, "reject requests without a valid X-API-Key"),
     Setting("default_cpu", "1", parse_cpu, "CPU cores of a sandbox that asks for none"),
     Setting("default_memory", "2Gi", parse_memory, "memory of a sandbox that asks for none"),
     Setting("max_cpu", "16", parse_cpu, "largest CPU a sandbox may ask for"),
     Setting("max_memory", "64Gi", parse_memory, "largest memory a sandbox may ask for"),
     Setting("pids_limit", "4096", _positive_int, "process limit per sandbox"),
+    Setting("max_sandboxes", "1000", _positive_int, "live sandboxes of the whole service"),
+    Setting("key_max_sandboxes", "100", _positive_int, "live sandboxes per non-admin key"),
+    Setting("key_max_cpu", "64", parse_cpu, "CPU cores of a non-admin key's live sandboxes"),
+    Setting("key_max_memory", "256Gi", parse_memory, "memory of a non-admin key's sandboxes"),
     Setting("default_workdir", "/workspace", str, "working directory of a new sandbox"),
     Setting("sandbox_ttl_seconds", "7200", _non_negative_int, "lifetime cap; 0 = none"),
     Setting("idle_timeout_seconds", "1800", _non_negative_int, "idle expiry; 0 = none"),
@@ -239,6 +250,43 @@ def _resolve(
     return resolved
 
 
+def _state_file(path: Path, make: Callable[[], str]) -> str:
+    """The text of a per-state-dir identity file, written (owner-only) by the first reader."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    value = make()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process wrote it first: theirs wins
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as handle:
+        handle.write(value + "\n")
+    return value
+
+
+def state_instance(directory: Path) -> str:
+    """The instance name of the service whose state is in ``directory``, when none is set:
+    ``default-<8 hex>``, made once and kept in ``<directory>/instance``, so two state dirs on
+    one engine never share one. A state dir that already has a database from before this
+    file existed keeps ``default``, the name its containers carry."""
+
+    def make() -> str:
+        legacy = (directory / "orchard.db").exists()
+        return "default" if legacy else f"default-{secrets.token_hex(4)}"
+
+    return _state_file(directory / "instance", make)
+
+
+def state_id(directory: Path) -> str:
+    """A random id of the state dir ``directory`` (``<directory>/state-id``), made once. The
+    local engine labels containers with it: a service adopts only containers carrying its own,
+    whatever their instance name says."""
+    return _state_file(directory / "state-id", lambda: secrets.token_hex(8))
+
+
 @dataclass(frozen=True)
 class ServiceSettings:
     host: str
@@ -253,6 +301,10 @@ class ServiceSettings:
     max_cpu: float
     max_memory: int
     pids_limit: int
+    max_sandboxes: int
+    key_max_sandboxes: int
+    key_max_cpu: float
+    key_max_memory: int
     default_workdir: str
     sandbox_ttl_seconds: int
     idle_timeout_seconds: int
@@ -293,6 +345,10 @@ def service_settings(**overrides: Any) -> ServiceSettings:
     values = _resolve(SERVICE_SETTINGS, overrides, file_values, f"{config_path()} [service]")
     if values["state_dir"] is None:
         values["state_dir"] = state_dir()
+    if values["instance"] is None:
+        values["instance"] = (
+            state_instance(values["state_dir"]) if values["backend"] == "docker" else "default"
+        )
     if values["backend"] not in ("docker", "kubernetes"):
         raise ConfigError(
             f"unknown backend {values['backend']!r}", hint="backend is docker or kubernetes"

@@ -62,6 +62,14 @@ class ConfigError(InvalidRequest):
 
 
 @_register
+class QuotaExceeded(OrchardError):
+    """A key's or the service's quota of live sandboxes, CPU or memory would be exceeded."""
+
+    code = "quota_exceeded"
+    http_status = 429
+
+
+@_register
 class LimitExceeded(InvalidRequest):
     """A requested size is above a configured cap, or a quota is used up."""
 

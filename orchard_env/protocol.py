@@ -14,7 +14,15 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 # --- validation helpers ------------------------------------------------------------------
 
@@ -59,6 +67,16 @@ def check_image(value: str) -> str:
             "(expected [registry/]name[:tag][@sha256:digest], lowercase name)"
         )
     return value
+
+
+def validation_text(exc: ValidationError) -> str:
+    """A validation error as one line naming each bad field."""
+    parts = []
+    for item in exc.errors():
+        message = str(item["msg"]).removeprefix("Value error, ")
+        loc = ".".join(str(p) for p in item["loc"])
+        parts.append(f"{loc}: {message}" if loc else message)
+    return "; ".join(parts)
 
 
 def parse_cpu(value: str | float | int) -> float:
@@ -340,13 +358,17 @@ class ExecEvent(BaseModel):
     """One NDJSON line of ``POST /sandboxes/{id}/exec/stream``.
 
     ``started`` (carries job_id), then any number of ``stdout``/``stderr`` (text in ``data``),
-    then exactly one ``exit`` carrying the final ``job``.
+    then exactly one ``exit`` carrying the final ``job``; or, instead of ``exit``, an ``error``
+    (``code`` and ``message``, as in an error answer) when the stream is ended by the service,
+    e.g. because its API key was revoked. The command itself is not stopped by that.
     """
 
-    event: Literal["started", "stdout", "stderr", "exit"]
+    event: Literal["started", "stdout", "stderr", "exit", "error"]
     job_id: str
     data: str | None = None
     job: Job | None = None
+    code: str | None = None
+    message: str | None = None
 
 
 # --- files and patches ---------------------------------------------------------------------
@@ -430,12 +452,28 @@ class PatchResult(BaseModel):
 # --- keys, usage, health -------------------------------------------------------------------
 
 
-class KeyCreateRequest(BaseModel):
+class KeyQuota(BaseModel):
+    """A key's own limits on what its live sandboxes may hold at once (None: the service's
+    per-key default)."""
+
+    max_sandboxes: int | None = Field(default=None, ge=1, le=100_000)
+    max_cpu: float | None = Field(default=None, gt=0, le=100_000)
+    max_memory: str | None = Field(default=None, max_length=32)
+
+    @field_validator("max_memory")
+    @classmethod
+    def _memory(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_memory(v)
+        return v
+
+
+class KeyCreateRequest(KeyQuota):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[\w.@-]+$")
     admin: bool = False
 
 
-class KeyInfo(BaseModel):
+class KeyInfo(KeyQuota):
     key_id: str
     name: str
     admin: bool

@@ -172,14 +172,15 @@ class LocalProvider:
         pid = _read_pid(self.paths)
         if pid is not None:
             self._stop_process(pid, progress)
-        progress("removing this instance's sandboxes")
+        progress("removing this service's sandboxes")
         removed = asyncio.run(self._remove_sandboxes())
         if removed:
             progress(f"removed {removed} sandbox container(s)")
         config.remove_context(self.context)
 
     async def _remove_sandboxes(self) -> int:
-        """Delete every container of this instance, with or without a running service."""
+        """Delete the containers of this service (its instance and state dir), with or without
+        it running; another service's on the same engine are not listed, so never touched."""
         from orchard_env.orchestrator.backends.docker_engine import DockerEngineBackend
 
         backend = DockerEngineBackend(self.settings, bundle_dir=self.paths.bundle_cache)
@@ -230,17 +231,33 @@ class LocalProvider:
             return False
         return True
 
-    def _check_port_free(self) -> None:
+    def _port_error(self, port: int) -> str | None:
+        """Why this service cannot listen on ``port``, or None if it can."""
         with socket.socket() as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                probe.bind((self.settings.host, self.settings.port))
+                probe.bind((self.settings.host, port))
             except OSError as exc:
-                raise OrchardError(
-                    f"port {self.settings.port} on {self.settings.host} is taken: {exc.strerror}",
-                    hint="stop what listens there, or choose another port: "
-                    "`orchard up --port 8001`",
-                ) from exc
+                return exc.strerror or str(exc)
+        return None
+
+    def _check_port_free(self) -> None:
+        port = self.settings.port
+        reason = self._port_error(port)
+        if reason is None:
+            return
+        # A port that is free now, never a fixed one: that may be another service's.
+        free = next((p for p in range(port + 1, port + 200) if self._port_error(p) is None), None)
+        instead = (
+            f"`orchard up --port {free} --state-dir {self.settings.state_dir}`"
+            if free is not None
+            else "`orchard up --port <a free port>`"
+        )
+        raise OrchardError(
+            f"port {port} on {self.settings.host} is taken: {reason} (if an Orchard service "
+            "answers there, it is another state directory's: `orchard status` shows this one's)",
+            hint=f"stop what listens there, or give this service a free port: {instead}",
+        )
 
     def _start_process(self, progress: Progress) -> int:
         self._check_port_free()

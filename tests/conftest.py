@@ -9,7 +9,6 @@ earlier sessions whose process is gone are removed when the engine is first used
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import time
@@ -34,17 +33,24 @@ _TEST_INSTANCE_RE = re.compile(r"^pytest-(\d+)")
 def _remove_test_containers(client: docker.DockerClient, *, current: bool) -> None:
     """Remove the containers of this session's test instances (``current``), or of earlier
     sessions whose pytest process no longer exists."""
-    for container in client.containers.list(
-        all=True, filters={"label": f"{LABEL_CREATED_BY}=orchard"}, ignore_removed=True
+    # The list endpoint's own summaries: inspecting each container would fail (Podman: 500 "no
+    # such container") when another test session removes one meanwhile.
+    for summary in client.api.containers(
+        all=True, filters={"label": f"{LABEL_CREATED_BY}=orchard"}
     ):
-        match = _TEST_INSTANCE_RE.match(container.labels.get(LABEL_INSTANCE, ""))
+        match = _TEST_INSTANCE_RE.match((summary.get("Labels") or {}).get(LABEL_INSTANCE, ""))
         if match is None:
             continue
         pid = int(match.group(1))
         mine = pid == os.getpid()
         if (mine and current) or (not mine and not current and not Path(f"/proc/{pid}").exists()):
-            with contextlib.suppress(docker.errors.NotFound):
-                container.remove(force=True, v=True)
+            try:
+                client.api.remove_container(summary["Id"], force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                if "no such container" not in str(exc):
+                    raise
 
 
 def image_tags(client: docker.DockerClient, label: str) -> list[str]:

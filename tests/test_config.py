@@ -93,3 +93,21 @@ def test_unknown_backend_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORCHARD_BACKEND", "nomad")
     with pytest.raises(ConfigError, match="unknown backend 'nomad'"):
         config.service_settings()
+
+
+def test_each_state_dir_gets_an_instance_of_its_own_unless_one_is_set(tmp_path: Path) -> None:
+    first = config.service_settings(state_dir=tmp_path / "a")
+    second = config.service_settings(state_dir=tmp_path / "b")
+    assert first.instance.startswith("default-") and second.instance.startswith("default-")
+    assert first.instance != second.instance
+    assert config.service_settings(state_dir=tmp_path / "a").instance == first.instance
+    assert (tmp_path / "a" / "instance").read_text() == first.instance + "\n"
+    assert config.service_settings(state_dir=tmp_path / "a", instance="x").instance == "x"
+    # A state dir from before (a database, no instance file) keeps the name its containers have.
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "orchard.db").touch()
+    assert config.service_settings(state_dir=tmp_path / "old").instance == "default"
+    kube = config.service_settings(state_dir=tmp_path / "k", backend="kubernetes")
+    assert kube.instance == "default" and not (tmp_path / "k" / "instance").exists()
+    assert config.state_id(tmp_path / "a") == config.state_id(tmp_path / "a")
+    assert config.state_id(tmp_path / "a") != config.state_id(tmp_path / "b")

@@ -1,4 +1,4 @@
-"""The in-sandbox agent: ``server.py`` (stdlib only), its relocatable bundle, and the client.
+"""The in-sandbox agent: ``daemon`` (stdlib only), its relocatable bundle, and the client.
 
 The orchestrator reaches each sandbox's agent directly (never through ``docker exec`` or the
 Kubernetes exec API): locally on a unix socket in a bind-mounted per-sandbox directory

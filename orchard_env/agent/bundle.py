@@ -1,16 +1,18 @@
 """The relocatable agent bundle: a Python interpreter, its pruned stdlib, every shared library
-it needs (the dynamic loader and libc included) and ``server.py``, in one folder.
+it needs (the dynamic loader and libc included) and the agent package, in one folder.
 
 Mounted read-only into any sandbox (``BUNDLE_MOUNT``), it runs the agent without touching the
 image's own PATH, libc or Python, and without Python or bash in the image at all::
 
     <mount>/lib/ld-linux-x86-64.so.2 --inhibit-cache --library-path <mount>/lib \\
-        <mount>/bin/python3 -I -S <mount>/agent/server.pyc --listen unix:/run/orchard/agent.sock
+        <mount>/bin/python3 -I -S <mount>/agent --listen unix:/run/orchard/agent.sock
 
 Layout: ``bin/python3``, ``lib/`` (shared libraries and the loader), ``lib/python3.X/`` (the
-stdlib, ``lib-dynload`` inside), ``agent/server.py`` and its bytecode ``agent/server.pyc``
-(run directly: compiling the script at every start would cost time and about 3 MB of the
-agent's resident memory), ``bundle.json`` (what it was built from).
+stdlib, ``lib-dynload`` inside), ``agent/`` (the :mod:`orchard_env.agent.daemon` package as
+``agent/orchard_agent/``, bytecode only, and the entry ``agent/__main__.pyc`` that the
+interpreter runs when given the directory: bytecode, because compiling at every start would
+cost time and about 3 MB of the agent's resident memory), ``bundle.json`` (what it was built
+from).
 
 The interpreter finds its stdlib by itself: it looks for ``lib/python3.X/os.py`` next to its
 own ``bin/`` (Python's landmark search), so no ``PYTHONHOME`` or ``LD_LIBRARY_PATH`` is set
@@ -37,8 +39,10 @@ RUN_DIR_MOUNT = "/run/orchard"
 SOCKET_NAME = "agent.sock"
 DEFAULT_PYTHON = Path("/usr/bin/python3.11")
 MIN_PYTHON = (3, 11)
-BUNDLE_FORMAT = 2  # bump when the layout or the pruning changes: ensure_bundle rebuilds
-SERVER_SOURCE = Path(__file__).with_name("server.py")
+BUNDLE_FORMAT = 3  # bump when the layout or the pruning changes: ensure_bundle rebuilds
+DAEMON_SOURCE = Path(__file__).with_name("daemon")  # shipped as the package orchard_agent
+DAEMON_PACKAGE = "orchard_agent"
+ENTRY = f"import {DAEMON_PACKAGE}.__main__\n"  # agent/__main__.py: run the package's entry
 MANIFEST = "bundle.json"
 
 LOADERS = {"x86_64": "ld-linux-x86-64.so.2", "aarch64": "ld-linux-aarch64.so.1"}
@@ -108,9 +112,10 @@ print(json.dumps({
 # Run by the freshly built bundle as ``python -c _VERIFY <root>``: the agent module loads
 # (all its imports), and everything loaded comes from the bundle.
 _VERIFY = """
-import os, runpy, sys
+import os, sys
 root = sys.argv[1]
-runpy.run_path(root + "/agent/server.pyc", run_name="orchard_agent_check")
+sys.path.insert(0, root + "/agent")
+import orchard_agent.server
 outside = set()
 with open("/proc/self/maps") as maps:
     for line in maps:
@@ -158,7 +163,7 @@ def launch_argv(
         f"{mount}/bin/python3",
         "-I",
         "-S",
-        f"{mount}/agent/server.pyc",
+        f"{mount}/agent",
         "--listen",
         listen,
     ]
@@ -316,14 +321,7 @@ def _populate(root: Path, python: Path) -> None:
         shutil.copy2(path, root / "lib" / name)
     shutil.copy2(loader.resolve(), root / "lib" / loader.name)
 
-    (root / "agent").mkdir()
-    shutil.copy2(SERVER_SOURCE, root / "agent" / "server.py")
-    _run_bundled(
-        root,
-        "import py_compile, sys; py_compile.compile(sys.argv[1], sys.argv[2], doraise=True)",
-        str(root / "agent" / "server.py"),
-        str(root / "agent" / "server.pyc"),
-    )
+    _install_daemon(root)
     (root / MANIFEST).write_text(
         json.dumps(
             {
@@ -332,13 +330,46 @@ def _populate(root: Path, python: Path) -> None:
                 "python_version": info["full_version"],
                 "machine": platform.machine(),
                 "loader": loader.name,
-                "server_sha256": hashlib.sha256(SERVER_SOURCE.read_bytes()).hexdigest(),
+                "daemon_sha256": daemon_digest(),
             },
             indent=2,
         )
         + "\n"
     )
     root.chmod(0o755)  # mkdtemp made it 0700; the agent may run as any user of the image
+
+
+def daemon_sources() -> list[Path]:
+    """The agent package's modules, in a stable order."""
+    return sorted(DAEMON_SOURCE.glob("*.py"))
+
+
+def daemon_digest() -> str:
+    """SHA-256 over the agent package's module names and contents."""
+    digest = hashlib.sha256()
+    for source in daemon_sources():
+        digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _install_daemon(root: Path) -> None:
+    """Compile the agent package into ``agent/orchard_agent/`` (bytecode beside where each
+    source would be, which the interpreter imports without the source) and the entry."""
+    package = root / "agent" / DAEMON_PACKAGE
+    package.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        sources = [(source, package / f"{source.stem}.pyc") for source in daemon_sources()]
+        entry = Path(tmp) / "__main__.py"
+        entry.write_text(ENTRY)
+        sources.append((entry, root / "agent" / "__main__.pyc"))
+        _run_bundled(
+            root,
+            "import py_compile, sys\n"
+            "for src, dst in zip(sys.argv[1::2], sys.argv[2::2]):\n"
+            "    name = dst.rsplit('/agent/', 1)[1][:-1]\n"
+            "    py_compile.compile(src, dst, dfile=name, doraise=True)",
+            *(str(path) for pair in sources for path in pair),
+        )
 
 
 def _run_bundled(root: Path, code: str, *args: str) -> None:
@@ -393,13 +424,13 @@ def build_bundle(dest: Path, python: Path | None = None) -> Path:
 
 
 def bundle_key(python: Path) -> str:
-    """Cache key: bundle format, server.py, and the interpreter (path, version, file)."""
+    """Cache key: bundle format, the agent's sources, and the interpreter (path, version, file)."""
     real = python.resolve()
     info = real.stat()
     digest = hashlib.sha256()
     for part in (
         str(BUNDLE_FORMAT),
-        hashlib.sha256(SERVER_SOURCE.read_bytes()).hexdigest(),
+        daemon_digest(),
         str(real),
         f"{info.st_size}:{info.st_mtime_ns}",
         platform.machine(),
@@ -409,7 +440,7 @@ def bundle_key(python: Path) -> str:
 
 
 def ensure_bundle(cache_root: Path, python: Path | None = None) -> Path:
-    """The bundle for the current server.py and interpreter under ``cache_root``, built once.
+    """The bundle for the current agent sources and interpreter under ``cache_root``, built once.
 
     Safe when several processes race: each builds in its own temporary folder and the first
     rename wins; the others drop their copy and use the winner's.

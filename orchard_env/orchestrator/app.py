@@ -21,6 +21,7 @@ from orchard_env.orchestrator.api.errors import (
 from orchard_env.orchestrator.backends import make_backend
 from orchard_env.orchestrator.backends.base import Backend
 from orchard_env.orchestrator.keys import import_key_file
+from orchard_env.orchestrator.lease import instance_lease
 from orchard_env.orchestrator.records import utcnow
 from orchard_env.orchestrator.services import Orchard
 from orchard_env.orchestrator.store import SQLiteStore, Store
@@ -36,7 +37,8 @@ def create_app(
     clock: Callable[[], datetime] = utcnow,
 ) -> FastAPI:
     """The orchestrator app. A ``backend`` or ``store`` passed in is used but not closed (the
-    caller owns it); otherwise the lifespan makes them from ``settings`` and closes them."""
+    caller owns it); otherwise the lifespan makes them from ``settings`` and closes them, and
+    on the local engine holds the instance's lease (:mod:`orchard_env.orchestrator.lease`)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -50,8 +52,10 @@ def create_app(
                 await import_key_file(the_store, settings.bootstrap_key_file)
             the_backend = backend
             if the_backend is None:
-                the_backend = make_backend(settings)
+                the_backend = make_backend(settings)  # checks the instance name, too
                 stack.push_async_callback(the_backend.close)
+                if settings.backend == "docker":
+                    stack.enter_context(instance_lease(settings))
             orchard = Orchard.build(settings, the_store, the_backend, clock)
             stack.push_async_callback(orchard.stop)
             await orchard.start()

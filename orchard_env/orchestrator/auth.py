@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchard_env.config import ServiceSettings
 from orchard_env.errors import PermissionDenied
 from orchard_env.orchestrator.keys import verify_key
 from orchard_env.orchestrator.store import Store
+from orchard_env.protocol import KeyQuota
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,7 @@ class Caller:
 
     key_id: str | None
     admin: bool
+    quota: KeyQuota = field(default_factory=KeyQuota)
 
     @property
     def owner(self) -> str | None:
@@ -44,4 +46,4 @@ async def authenticate(store: Store, settings: ServiceSettings, api_key: str | N
     if not settings.require_api_key:
         return ANONYMOUS_ADMIN
     record = await verify_key(store, api_key)
-    return Caller(key_id=record.key_id, admin=record.admin)
+    return Caller(key_id=record.key_id, admin=record.admin, quota=record.quota)

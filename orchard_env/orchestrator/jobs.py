@@ -1,9 +1,11 @@
 """Jobs: commands run in sandboxes through their agents, idempotent by job id.
 
 A submission inserts the job row first (``INSERT OR IGNORE``): a job id that is already known
-returns the existing job and runs nothing. The command is sent to the agent with its job id,
-so a lost connection, or an orchestrator restart, re-attaches to the same run (the agent
-replays its output from the start) instead of running it again.
+returns the existing job and runs nothing. Ids are unique per scope, the key that owns the
+sandbox: another key's job ``x`` is neither a conflict for this key's ``x`` nor visible. The
+command is sent to the agent with its job id, so a lost connection, or an orchestrator restart,
+re-attaches to the same run (the agent replays its output from the start) instead of running
+it again.
 
 Each running job has an in-memory :class:`JobRun` (live output, a done event, followers for
 streamed output); the store holds the durable state: queued, then running, then the final
@@ -150,17 +152,27 @@ class JobService:
         self.sandboxes = sandboxes
         self.agents = agents
         self.clock = clock
-        self._runs: dict[str, JobRun] = {}
+        self._runs: dict[tuple[str, str], JobRun] = {}  # (scope, job id) -> run
         self.slots = asyncio.Semaphore(max_running)  # commands in flight; the rest queue
 
     # --- lookups ---------------------------------------------------------------------------
 
+    def _run_of(self, record: JobRecord) -> JobRun | None:
+        return self._runs.get((record.scope, record.job_id))
+
+    def _current(self, record: JobRecord) -> JobRecord:
+        run = self._run_of(record)
+        return run.snapshot() if run is not None else record
+
     async def _record(self, job_id: str, caller: Caller) -> JobRecord:
-        run = self._runs.get(job_id)
-        record = run.snapshot() if run is not None else await self.store.get_job(job_id)
+        """The caller's job ``job_id`` (its own scope first; an admin key's, any scope)."""
+        record = await self.store.get_job(caller.owner or "", job_id)
+        if record is None and caller.admin:
+            found = await self.store.find_jobs(job_id)
+            record = found[0] if found else None
         if record is None or not caller.can_see(record.owner):
             raise JobNotFound(f"job {job_id} does not exist", hint="job ids are kept for a day")
-        return record
+        return self._current(record)
 
     async def get(self, job_id: str, caller: Caller) -> Job:
         return (await self._record(job_id, caller)).to_job()
@@ -170,8 +182,7 @@ class JobService:
         jobs = []
         for record in await self.store.list_jobs(sandbox_id):
             if caller.can_see(record.owner):  # the same jobs GET /jobs/{id} shows it
-                run = self._runs.get(record.job_id)
-                jobs.append((run.snapshot() if run is not None else record).to_job())
+                jobs.append(self._current(record).to_job())
         return jobs
 
     # --- submit ----------------------------------------------------------------------------
@@ -182,9 +193,9 @@ class JobService:
 
     async def submit(self, sandbox_id: str, request: ExecRequest, caller: Caller) -> JobRecord:
         """Start a job, or return the existing one for a known ``job_id``."""
-        await self.sandboxes.get_record(sandbox_id, caller)
+        scope = (await self.sandboxes.get_record(sandbox_id, caller)).owner or ""
         if request.job_id is not None:
-            existing = await self.store.get_job(request.job_id)
+            existing = await self.store.get_job(scope, request.job_id)
             if existing is not None:
                 return self._existing(existing, sandbox_id, caller, request)
         sandbox = await self.sandboxes.require_ready(sandbox_id, caller)
@@ -192,6 +203,7 @@ class JobService:
             job_id=request.job_id or uuid.uuid4().hex,
             sandbox_id=sandbox_id,
             owner=caller.owner,
+            scope=scope,
             command=command_text(request.command),
             request=request.model_copy(update={"wait": False}),
             created_at=self.clock(),
@@ -201,7 +213,7 @@ class JobService:
             return self._existing(stored, sandbox_id, caller, request)
         self._start(stored, attach=False)
         await self.sandboxes.touch(sandbox.sandbox_id)
-        log.info("job submitted", extra={"job_id": stored.job_id, "sandbox_id": sandbox_id})
+        log.debug("job submitted", extra={"job_id": stored.job_id, "sandbox_id": sandbox_id})
         return stored
 
     def _existing(
@@ -218,14 +230,13 @@ class JobService:
                 f"job id {record.job_id} already ran another command: {record.command!r}",
                 hint="a retry must resend the same command; use a new job_id for a new one",
             )
-        run = self._runs.get(record.job_id)
-        return run.snapshot() if run is not None else record
+        return self._current(record)
 
     async def exec(self, sandbox_id: str, request: ExecRequest, caller: Caller) -> Job:
         record = await self.submit(sandbox_id, request, caller)
         if request.wait:
             timeout = record.request.timeout_seconds + WAIT_GRACE_SECONDS
-            return await self.wait(record.job_id, caller, timeout)
+            return (await self._wait_for(record, caller, timeout)).to_job()
         return record.to_job()
 
     async def stream(
@@ -233,17 +244,18 @@ class JobService:
     ) -> AsyncIterator[ExecEvent]:
         """Submit (or find) a job, then its events: started, output chunks, exit."""
         record = await self.submit(sandbox_id, request, caller)
-        return self._events(record.job_id, caller)
+        return self._events(record, caller)
 
-    async def _events(self, job_id: str, caller: Caller) -> AsyncIterator[ExecEvent]:
+    async def _events(self, record: JobRecord, caller: Caller) -> AsyncIterator[ExecEvent]:
+        job_id = record.job_id
         yield ExecEvent(event="started", job_id=job_id)
-        run = self._runs.get(job_id)
+        run = self._run_of(record)
         if run is not None:
             async for stream, text in run.follow():
                 yield ExecEvent(event=stream, job_id=job_id, data=text)
             final = run.record
         else:
-            final = await self._wait_record(job_id, caller, None)
+            final = await self._wait_for(record, caller, None)
             for stream in STREAMS:
                 text = getattr(final, stream)
                 if text:
@@ -252,16 +264,21 @@ class JobService:
 
     # --- waiting and cancelling -----------------------------------------------------------
 
-    async def _wait_record(self, job_id: str, caller: Caller, seconds: float | None) -> JobRecord:
+    async def _wait_for(
+        self, record: JobRecord, caller: Caller, seconds: float | None
+    ) -> JobRecord:
         """The job once done, or as it is after ``seconds`` (None: no limit)."""
         loop = asyncio.get_running_loop()
         deadline = None if seconds is None else loop.time() + seconds
         while True:
-            record = await self._record(job_id, caller)
+            stored = await self.store.get_job(record.scope, record.job_id)
+            if stored is None or not caller.can_see(stored.owner):
+                raise JobNotFound(f"job {record.job_id} does not exist")
+            record = self._current(stored)
             remaining = None if deadline is None else deadline - loop.time()
             if record.status.done or (remaining is not None and remaining <= 0):
                 return record
-            run = self._runs.get(job_id)
+            run = self._run_of(record)
             step = 0.25 if run is None else 5.0  # poll the store when no run is in memory
             step = step if remaining is None else min(step, remaining)
             if run is None:
@@ -272,13 +289,14 @@ class JobService:
 
     async def wait(self, job_id: str, caller: Caller, seconds: float) -> Job:
         """The job once finished, or as it is when ``seconds`` run out (never an error)."""
-        return (await self._wait_record(job_id, caller, seconds)).to_job()
+        record = await self._record(job_id, caller)
+        return (await self._wait_for(record, caller, seconds)).to_job()
 
     async def cancel(self, job_id: str, caller: Caller) -> Job:
         """Kill a running command's process tree (``failed`` with ``cancelled``); a finished
         job is returned as it is."""
         record = await self._record(job_id, caller)
-        run = self._runs.get(job_id)
+        run = self._run_of(record)
         if record.status.done or run is None:
             return record.to_job()
         if record.status == JobStatus.QUEUED and run.task is not None:
@@ -286,7 +304,7 @@ class JobService:
             run.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await run.task
-            self._runs.pop(job_id, None)
+            self._runs.pop((record.scope, job_id), None)
             final = await self._finalize(
                 run, JobStatus.FAILED, error="cancelled before it ran", cancelled=True
             )
@@ -295,13 +313,15 @@ class JobService:
         if sandbox is not None and sandbox.status == SandboxStatus.READY:
             with contextlib.suppress(JobNotFound):
                 await self.agents.client(sandbox).cancel(job_id)
-        return await self.wait(job_id, caller, CANCEL_WAIT_SECONDS)
+        return (await self._wait_for(record, caller, CANCEL_WAIT_SECONDS)).to_job()
 
     # --- running -------------------------------------------------------------------------------
 
     def _start(self, record: JobRecord, *, attach: bool) -> JobRun:
         run = JobRun(record, self._max_output(record.request))
-        self._runs[record.job_id] = run
+        self._runs[record.scope, record.job_id] = run
+        # Busy from the moment it is accepted (queued included), not only once its task runs.
+        self.sandboxes.hold(record.sandbox_id)
         run.task = asyncio.create_task(self._run(run, attach), name=f"job-{record.job_id}")
         return run
 
@@ -312,7 +332,7 @@ class JobService:
         never sent": sending it again is safe, as the agent runs a job id at most once.
         """
         for record in await self.store.unfinished_jobs():
-            if record.job_id not in self._runs:
+            if (record.scope, record.job_id) not in self._runs:
                 log.info(
                     "resuming job",
                     extra={"job_id": record.job_id, "status": record.status.value},
@@ -320,9 +340,9 @@ class JobService:
                 self._start(record, attach=record.status == JobStatus.RUNNING)
 
     async def _run(self, run: JobRun, attach: bool) -> None:
-        job_id = run.record.job_id
+        key = (run.record.scope, run.record.job_id)
         try:
-            async with self.slots, self.sandboxes.in_use(run.record.sandbox_id):
+            async with self.slots:
                 sandbox = await self._sandbox_for(run)
                 if sandbox is None:
                     return
@@ -339,11 +359,12 @@ class JobService:
         except asyncio.CancelledError:
             raise  # shutdown: the row stays as it is and the next process picks it up
         except Exception as exc:
-            log.exception("job failed in the orchestrator", extra={"job_id": job_id})
+            log.exception("job failed in the orchestrator", extra={"job_id": key[1]})
             await self._finalize(run, JobStatus.FAILED, error=f"orchestrator error: {exc}")
         finally:
-            if self._runs.get(job_id) is run and run.done.is_set():
-                del self._runs[job_id]
+            if self._runs.get(key) is run and run.done.is_set():
+                del self._runs[key]
+            await self.sandboxes.release(run.record.sandbox_id)
 
     async def _sandbox_for(self, run: JobRun) -> SandboxRecord | None:
         """The job's sandbox if it can run commands; otherwise the job is failed (None)."""
@@ -483,7 +504,7 @@ class JobService:
         )
         await self.store.put_job(record)
         run.finish(record)
-        log.info(
+        log.debug(
             "job finished",
             extra={"job_id": record.job_id, "status": status.value, "exit_code": record.exit_code},
         )

@@ -14,6 +14,7 @@ import logging
 import re
 import secrets
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -28,7 +29,13 @@ from orchard_env.errors import (
 )
 from orchard_env.orchestrator.records import KeyRecord, utcnow
 from orchard_env.orchestrator.store import Store, open_store
-from orchard_env.protocol import KeyCreated, KeyCreateRequest, KeyInfo
+from orchard_env.protocol import (
+    KeyCreated,
+    KeyCreateRequest,
+    KeyInfo,
+    KeyQuota,
+    validation_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +43,10 @@ KEY_RE = re.compile(r"^ork_([0-9a-f]{10})_([A-Za-z0-9_-]{16,})$")
 NO_KEYS_HINT = (
     "on the service's machine, create one with `orchard keys create admin --admin --local`"
 )
+
+
+def revoked_message(key_id: str | None) -> str:
+    return f"the API key {key_id} was revoked"
 
 
 def hash_key(api_key: str) -> str:
@@ -47,8 +58,11 @@ def _new_key() -> tuple[str, str]:
     return key_id, f"ork_{key_id}_{secrets.token_urlsafe(32)}"
 
 
-async def create_key(store: Store, name: str, *, admin: bool = False) -> KeyCreated:
-    """Make a key; the returned :class:`KeyCreated` is the only place its secret appears."""
+async def create_key(
+    store: Store, name: str, *, admin: bool = False, quota: KeyQuota | None = None
+) -> KeyCreated:
+    """Make a key (``quota``: its own limits instead of the service's per-key defaults); the
+    returned :class:`KeyCreated` is the only place its secret appears."""
     try:
         request = KeyCreateRequest(name=name, admin=admin)
     except ValidationError as exc:
@@ -63,6 +77,7 @@ async def create_key(store: Store, name: str, *, admin: bool = False) -> KeyCrea
             sha256=hash_key(api_key),
             admin=request.admin,
             created_at=utcnow(),
+            quota=quota or KeyQuota(),
         )
         if await store.insert_key(record):
             return KeyCreated(**record.to_info().model_dump(), api_key=api_key)
@@ -155,21 +170,26 @@ async def verify_key(store: Store, api_key: str | None) -> KeyRecord:
             )
         raise PermissionDenied("the API key is not valid", hint="check the key, or ask an admin")
     if record.revoked_at is not None:
-        raise PermissionDenied(
-            f"the API key {record.key_id} was revoked", hint="ask an admin for a new key"
-        )
+        raise PermissionDenied(revoked_message(record.key_id), hint="ask an admin for a new key")
     return record
 
 
 # --- synchronous helpers for the CLI (it owns no event loop) ------------------------------
 
 
-def create_key_sync(settings: ServiceSettings, name: str, *, admin: bool = False) -> KeyCreated:
-    """:func:`create_key` on the service's SQLite store, from synchronous code."""
+def create_key_sync(
+    settings: ServiceSettings, name: str, *, admin: bool = False, **limits: Any
+) -> KeyCreated:
+    """:func:`create_key` on the service's SQLite store, from synchronous code; ``limits``
+    are the :class:`~orchard_env.protocol.KeyQuota` fields (None: the service's default)."""
+    try:
+        quota = KeyQuota(**limits)
+    except ValidationError as exc:
+        raise InvalidRequest(validation_text(exc)) from None
 
     async def run() -> KeyCreated:
         async with open_store(settings) as store:
-            return await create_key(store, name, admin=admin)
+            return await create_key(store, name, admin=admin, quota=quota)
 
     return asyncio.run(run())
 

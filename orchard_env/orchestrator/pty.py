@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 INIT_TIMEOUT_SECONDS = 10.0
 CLOSE_BAD_INIT = 4400
 CLOSE_AGENT_UNAVAILABLE = 4503
+CLOSE_REVOKED = 4403
 
 
 async def _refuse(ws: WebSocket, code: int, message: str) -> None:
@@ -85,9 +86,15 @@ async def _agent_to_client(ws: WebSocket, session: AgentPty) -> None:
 
 
 async def relay(
-    ws: WebSocket, record: SandboxRecord, sandboxes: SandboxService, agents: AgentPool
+    ws: WebSocket,
+    record: SandboxRecord,
+    sandboxes: SandboxService,
+    agents: AgentPool,
+    *,
+    revoked: asyncio.Event,
 ) -> None:
-    """Run one terminal session for an accepted, authorised WebSocket."""
+    """Run one terminal session for an accepted, authorised WebSocket, until either side
+    ends it or ``revoked`` is set (the key was revoked: close 4403, and the terminal ends)."""
     init = await _read_init(ws)
     if init is None:
         return
@@ -105,12 +112,15 @@ async def relay(
         async with sandboxes.in_use(record.sandbox_id):
             upstream = asyncio.create_task(_client_to_agent(ws, session, touch))
             downstream = asyncio.create_task(_agent_to_client(ws, session))
+            revocation = asyncio.create_task(revoked.wait())
             done, pending = await asyncio.wait(
-                (upstream, downstream), return_when=asyncio.FIRST_COMPLETED
+                (upstream, downstream, revocation), return_when=asyncio.FIRST_COMPLETED
             )
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+            if revocation in done:
+                await _refuse(ws, CLOSE_REVOKED, "the API key of this session was revoked")
             for task in done:
                 if not task.cancelled() and task.exception() is not None:
                     error = task.exception()

@@ -18,6 +18,7 @@ from orchard_env.protocol import (
     Job,
     JobStatus,
     KeyInfo,
+    KeyQuota,
     PoolInfo,
     SandboxInfo,
     SandboxStatus,
@@ -128,6 +129,9 @@ class JobRecord(BaseModel):
     job_id: str
     sandbox_id: str
     owner: str | None = None
+    # Job ids are unique per scope: the key that owns the job's sandbox ("" without keys), so
+    # one tenant's ids neither collide with nor reveal another's.
+    scope: str = ""
     command: str
     request: ExecRequest
     status: JobStatus = JobStatus.QUEUED
@@ -168,6 +172,7 @@ class KeyRecord(BaseModel):
     admin: bool
     created_at: datetime
     revoked_at: datetime | None = None
+    quota: KeyQuota = Field(default_factory=KeyQuota)
 
     def to_info(self) -> KeyInfo:
         return KeyInfo(
@@ -176,6 +181,7 @@ class KeyRecord(BaseModel):
             admin=self.admin,
             created_at=self.created_at,
             revoked_at=self.revoked_at,
+            **self.quota.model_dump(),
         )
 
 

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from orchard_env.config import ServiceSettings
 from orchard_env.errors import (
     LimitExceeded,
+    QuotaExceeded,
     SandboxExists,
     SandboxNotFound,
     SandboxNotReady,
@@ -39,6 +40,7 @@ from orchard_env.orchestrator.backends.base import (
     BackendSandbox,
     SandboxSpec,
     SandboxState,
+    not_your_snapshot,
 )
 from orchard_env.orchestrator.records import LIVE_STATUSES, PoolRecord, SandboxRecord, pool_key
 from orchard_env.orchestrator.store import Store
@@ -102,6 +104,7 @@ class SandboxService:
         self._readiness: dict[str, asyncio.Task[None]] = {}
         self._in_use: Counter[str] = Counter()
         self._touched: dict[str, datetime] = {}
+        self._quota_lock = asyncio.Lock()  # a quota check and the insert it allows, together
         self.ready_gate_seconds = READY_GATE_SECONDS
         # Warm pools (kept by PoolService): which pool serves a spec, and who to tell when
         # one of its sandboxes is claimed.
@@ -218,6 +221,53 @@ class SandboxService:
             )
         return cpu, memory
 
+    async def check_quota(self, caller: Caller, count: int, cpu: float, memory: int) -> None:
+        """Refuse (429 ``quota_exceeded``, naming the limit) ``count`` more sandboxes of ``cpu``
+        and ``memory`` each beyond the service's cap or, for a non-admin key, its limits (the
+        key's own, else the service's per-key defaults)."""
+        live = [record for record in await self.store.list_sandboxes() if record.live]
+        cap = self.settings.max_sandboxes
+        if len(live) + count > cap:
+            raise QuotaExceeded(
+                f"this service runs at most {cap} live sandboxes (max_sandboxes) and "
+                f"{len(live)} are live; {count} more do not fit",
+                hint="delete sandboxes no longer needed, or raise ORCHARD_MAX_SANDBOXES",
+            )
+        if caller.admin or caller.key_id is None:
+            return
+        mine = [record for record in live if record.owner == caller.owner]
+        quota = caller.quota
+        hint = (
+            "delete sandboxes no longer needed, or ask an admin for a key with a larger quota "
+            "(`orchard keys create --max-sandboxes/--max-cpu/--max-memory`)"
+        )
+        most = quota.max_sandboxes or self.settings.key_max_sandboxes
+        if len(mine) + count > most:
+            raise QuotaExceeded(
+                f"key {caller.key_id} may have at most {most} live sandboxes (max_sandboxes) "
+                f"and has {len(mine)}; {count} more do not fit",
+                hint=hint,
+            )
+        most_cpu = quota.max_cpu or self.settings.key_max_cpu
+        used_cpu = sum(record.cpu for record in mine)
+        if used_cpu + count * cpu > most_cpu + 1e-9:
+            raise QuotaExceeded(
+                f"key {caller.key_id} may use at most {most_cpu:g} CPU cores (max_cpu); its "
+                f"sandboxes use {used_cpu:g} and {count * cpu:g} more were asked for",
+                hint=hint,
+            )
+        most_memory = (
+            parse_memory(quota.max_memory) if quota.max_memory else self.settings.key_max_memory
+        )
+        used_memory = sum(record.memory_bytes for record in mine)
+        if used_memory + count * memory > most_memory:
+            raise QuotaExceeded(
+                f"key {caller.key_id} may use at most {format_memory(most_memory)} of memory "
+                f"(max_memory); its sandboxes use {format_memory(used_memory)} and "
+                f"{format_memory(count * memory)} more were asked for",
+                hint=hint,
+            )
+
     async def create(
         self,
         request: CreateSandboxRequest,
@@ -229,6 +279,8 @@ class SandboxService:
         ``request.image`` names); readiness follows in the background. A request a warm
         pool serves (same spec, no ``sandbox_id``) takes one of its ready sandboxes."""
         cpu, memory = self.resolve_size(request.cpu, request.memory)
+        if source_snapshot is None and self.backend.is_snapshot_image(request.image):
+            source_snapshot = await self._own_snapshot(request.image, caller)
         workdir = request.workdir or self.settings.default_workdir
         if request.sandbox_id is None and source_snapshot is None:
             key = pool_key(request.image, cpu, memory, request.block_network, workdir, request.env)
@@ -254,7 +306,7 @@ class SandboxService:
             source_snapshot=source_snapshot,
             **self._lifetimes(request),
         )
-        return (await self._launch(record)).to_info(self.settings)
+        return (await self._launch(record, caller)).to_info(self.settings)
 
     def _lifetimes(self, request: CreateSandboxRequest) -> dict[str, Any]:
         """The record fields a create request sets about time: readiness, TTL, idle."""
@@ -265,16 +317,23 @@ class SandboxService:
             or self.settings.idle_timeout_seconds,
         }
 
-    async def _launch(self, record: SandboxRecord) -> SandboxRecord:
-        """Record, then start, a sandbox; its usage opens now unless it waits in a pool."""
+    async def _launch(self, record: SandboxRecord, caller: Caller | None) -> SandboxRecord:
+        """Record, then start, a sandbox: the ``caller``'s, within its quota, its usage open from
+        now; or (None) one that waits in a pool, nobody's."""
         sandbox_id = record.sandbox_id
         if sandbox_id in self._creating:
             raise self._exists(sandbox_id)
         self._creating.add(sandbox_id)
         try:
-            if not await self.store.insert_sandbox(record):
+            if caller is None:
+                inserted = await self.store.insert_sandbox(record)
+            else:
+                async with self._quota_lock:
+                    await self.check_quota(caller, 1, record.cpu, record.memory_bytes)
+                    inserted = await self.store.insert_sandbox(record)
+            if not inserted:
                 raise self._exists(sandbox_id)
-            if record.pool is None:
+            if caller is not None:
                 await self.store.open_usage(record.usage_row(record.created_at))
             found = await self._create_container(record)
             record = await self._started(record, found)
@@ -312,7 +371,7 @@ class SandboxService:
             backend=self.backend.name,
             pool=pool.name,
         )
-        return await self._launch(record)
+        return await self._launch(record, None)
 
     async def _claim(
         self, pool: str, request: CreateSandboxRequest, caller: Caller
@@ -320,10 +379,11 @@ class SandboxService:
         """Hand one ready sandbox of ``pool`` to ``caller``, as if just created for it; None
         when none is ready. Under the lock: a pooled sandbox is handed out once."""
         now = self.clock()
-        async with self._lock:
+        async with self._quota_lock, self._lock:
             waiting = await self.store.first_pooled(pool)
             if waiting is None:
                 return None
+            await self.check_quota(caller, 1, waiting.cpu, waiting.memory_bytes)
             record = waiting.model_copy(
                 update={
                     "pool": None,
@@ -349,6 +409,14 @@ class SandboxService:
         )
         return record
 
+    async def _own_snapshot(self, image: str, caller: Caller) -> str:
+        """The id of the caller's live snapshot whose image is ``image``; else 404, the same
+        answer whether the image exists, is another key's, or another deployment's."""
+        for snapshot in await self.store.list_snapshots(owner=caller.owner_filter):
+            if snapshot.image == image:
+                return snapshot.snapshot_id
+        raise not_your_snapshot(image)
+
     @staticmethod
     def _exists(sandbox_id: str) -> SandboxExists:
         return SandboxExists(
@@ -371,6 +439,7 @@ class SandboxService:
             pids_limit=self.settings.pids_limit,
             ttl_seconds=record.ttl_seconds or None,
             record_annotation=record.annotation(),
+            snapshot_id=record.source_snapshot,
         )
         try:
             return await self.backend.create(spec)
@@ -537,17 +606,26 @@ class SandboxService:
         record = await self.touch(sandbox_id, force=True) or record
         return HeartbeatResponse(sandbox_id=sandbox_id, expires_at=record.expires_at())
 
+    def hold(self, sandbox_id: str) -> None:
+        """Mark a sandbox busy (a command or a terminal runs, or is about to): idle expiry
+        skips it until :meth:`release`."""
+        self._in_use[sandbox_id] += 1
+
+    async def release(self, sandbox_id: str) -> None:
+        """End one :meth:`hold`; the idle clock restarts now."""
+        self._in_use[sandbox_id] -= 1
+        if self._in_use[sandbox_id] <= 0:
+            del self._in_use[sandbox_id]
+        await self.touch(sandbox_id, force=True)
+
     @contextlib.asynccontextmanager
     async def in_use(self, sandbox_id: str) -> AsyncIterator[None]:
-        """Mark a sandbox busy (a command or a terminal runs): idle expiry skips it."""
-        self._in_use[sandbox_id] += 1
+        """:meth:`hold` for the duration of a block."""
+        self.hold(sandbox_id)
         try:
             yield
         finally:
-            self._in_use[sandbox_id] -= 1
-            if self._in_use[sandbox_id] <= 0:
-                del self._in_use[sandbox_id]
-            await self.touch(sandbox_id, force=True)
+            await self.release(sandbox_id)
 
     def busy(self, sandbox_id: str) -> bool:
         """A command or terminal runs in it right now."""

@@ -13,6 +13,7 @@ from orchard_env.orchestrator.files import FileService
 from orchard_env.orchestrator.jobs import JobService
 from orchard_env.orchestrator.pools import PoolService
 from orchard_env.orchestrator.reaper import Reaper
+from orchard_env.orchestrator.revocation import KeySessions
 from orchard_env.orchestrator.sandboxes import SandboxService
 from orchard_env.orchestrator.snapshots import SnapshotService
 from orchard_env.orchestrator.store import Store
@@ -30,6 +31,7 @@ class Orchard:
     pools: PoolService
     files: FileService
     reaper: Reaper
+    sessions: KeySessions
     clock: Callable[[], datetime]
 
     @classmethod
@@ -56,6 +58,7 @@ class Orchard:
             pools=pools,
             files=FileService(sandboxes, agents),
             reaper=Reaper(settings, store, sandboxes, snapshots, pools, clock),
+            sessions=KeySessions(store),
             clock=clock,
         )
 
@@ -70,6 +73,7 @@ class Orchard:
         """Stop following jobs and probes and filling pools; the sandboxes and their commands
         keep running."""
         await self.pools.close()
+        await self.sessions.close()
         await self.jobs.close()
         await self.sandboxes.close()
         await self.agents.close()

@@ -244,8 +244,10 @@ class SnapshotService:
         are reported one by one in ``failures``; the others are ready."""
         self._require_support()
         source = await self.sandboxes.require_ready(sandbox_id, caller)
-        snapshot = await self._take(source, caller, name=None, labels={}, ttl=None)
         ids = request.sandbox_ids or [new_sandbox_id() for _ in range(request.count)]
+        # All the forks must fit the quotas, not the first few of them.
+        await self.sandboxes.check_quota(caller, len(ids), source.cpu, source.memory_bytes)
+        snapshot = await self._take(source, caller, name=None, labels={}, ttl=None)
         outcomes = await asyncio.gather(
             *(
                 self._restore(

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchard_env import __version__, errors
 from orchard_env.config import client_settings
-from orchard_env.protocol import check_sandbox_id
+from orchard_env.protocol import check_sandbox_id, validation_text
 
 logger = logging.getLogger("orchard_env.sdk")
 
@@ -330,16 +330,7 @@ def build(model: type[_M], **values: Any) -> _M:
     try:
         return model(**values)
     except ValidationError as exc:
-        raise errors.InvalidRequest(describe_validation(exc)) from None
-
-
-def describe_validation(exc: ValidationError) -> str:
-    parts = []
-    for item in exc.errors():
-        message = str(item["msg"]).removeprefix("Value error, ")
-        loc = ".".join(str(p) for p in item["loc"])
-        parts.append(f"{loc}: {message}" if loc else message)
-    return "; ".join(parts)
+        raise errors.InvalidRequest(validation_text(exc)) from None
 
 
 def whole_seconds(seconds: float) -> int:

@@ -474,6 +474,8 @@ class StreamReplay:
                 return None
             self._started = True
             return event
+        if event.event == "error":  # ended by the service: re-attaching would not help
+            raise errors.error_class(event.code or "internal")(event.message or "stream ended")
         if event.event == "exit":
             assert event.job is not None, "exit events carry the job"
             self.final = ExecResult.model_validate(event.job.model_dump())
@@ -624,8 +626,10 @@ def usage(
     return protocol.UsageReport.model_validate(data)
 
 
-def create_key(core: ClientCore, name: str, admin: bool) -> Flow[protocol.KeyCreated]:
-    request = build(protocol.KeyCreateRequest, name=name, admin=admin)
+def create_key(
+    core: ClientCore, name: str, admin: bool, limits: dict[str, Any]
+) -> Flow[protocol.KeyCreated]:
+    request = build(protocol.KeyCreateRequest, name=name, admin=admin, **limits)
     data = yield from call(
         core,
         Send("POST", "/keys", json=request.model_dump(mode="json"), retry=Retry.UNSENT_ONLY),

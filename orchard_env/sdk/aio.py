@@ -226,8 +226,17 @@ class AsyncSandboxClient(ClientView):
     ) -> protocol.UsageReport:
         return await self._run(flows.usage(self._core, since, until))
 
-    async def create_key(self, name: str, admin: bool = False) -> protocol.KeyCreated:
-        return await self._run(flows.create_key(self._core, name, admin))
+    async def create_key(
+        self,
+        name: str,
+        admin: bool = False,
+        *,
+        max_sandboxes: int | None = None,
+        max_cpu: float | None = None,
+        max_memory: str | None = None,
+    ) -> protocol.KeyCreated:
+        limits = {"max_sandboxes": max_sandboxes, "max_cpu": max_cpu, "max_memory": max_memory}
+        return await self._run(flows.create_key(self._core, name, admin, limits))
 
     async def list_keys(self) -> list[protocol.KeyInfo]:
         return await self._run(flows.list_keys(self._core))

@@ -251,9 +251,19 @@ class SandboxClient(ClientView):
         """Sandbox-seconds per sandbox in the period (an admin key sees every key's)."""
         return self._run(flows.usage(self._core, since, until))
 
-    def create_key(self, name: str, admin: bool = False) -> protocol.KeyCreated:
-        """Create an API key (admin only); its secret is in the result and nowhere else."""
-        return self._run(flows.create_key(self._core, name, admin))
+    def create_key(
+        self,
+        name: str,
+        admin: bool = False,
+        *,
+        max_sandboxes: int | None = None,
+        max_cpu: float | None = None,
+        max_memory: str | None = None,
+    ) -> protocol.KeyCreated:
+        """Create an API key (admin only); its secret is in the result and nowhere else.
+        ``max_*``: its own limits instead of the service's per-key defaults."""
+        limits = {"max_sandboxes": max_sandboxes, "max_cpu": max_cpu, "max_memory": max_memory}
+        return self._run(flows.create_key(self._core, name, admin, limits))
 
     def list_keys(self) -> list[protocol.KeyInfo]:
         return self._run(flows.list_keys(self._core))

@@ -1,5 +1,5 @@
-"""Fixtures for the agent tests: the real ``server.py`` started as a subprocess of the host
-Python on a unix socket, driven through :class:`AgentClient`."""
+"""Fixtures for the agent tests: the real agent (``orchard_env.agent.daemon``) started as a
+subprocess of the host Python on a unix socket, driven through :class:`AgentClient`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -19,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from orchard_env.agent.client import AgentClient, AgentEvent, Exit, Output
+from tests.orchestrator.fakes import HOST_AGENT
 
-SERVER = Path(__file__).resolve().parents[2] / "orchard_env" / "agent" / "server.py"
 TOKEN = "test-token-0123456789"
 
 
@@ -156,7 +155,7 @@ async def agent_server(tmp_path: Path, short_dir: Path) -> AsyncIterator[Running
     workdir = tmp_path / "workspace"
     socket = str(short_dir / "agent.sock")
     process = start_agent(
-        [sys.executable, "-I", str(SERVER)],
+        [*HOST_AGENT],
         f"unix:{socket}",
         {"ORCHARD_AGENT_TOKEN": TOKEN},
         workdir,

@@ -35,8 +35,13 @@ def test_layout_and_manifest(built: Path) -> None:
     stdlib = next(built.glob("lib/python3.*"))
     assert (stdlib / "os.py").is_file() and (stdlib / "asyncio").is_dir()
     assert (stdlib / "lib-dynload").is_dir()
-    assert (built / "agent" / "server.py").read_bytes() == bundle.SERVER_SOURCE.read_bytes()
-    assert (built / "agent" / "server.pyc").is_file()
+    modules = {p.stem for p in bundle.daemon_sources()}
+    package = built / "agent" / bundle.DAEMON_PACKAGE
+    assert {p.name for p in package.iterdir()} == {f"{m}.pyc" for m in modules}  # no sources
+    assert (built / "agent" / "__main__.pyc").is_file()
+    assert json.loads((built / bundle.MANIFEST).read_text())["daemon_sha256"] == (
+        bundle.daemon_digest()
+    )
     manifest = json.loads((built / bundle.MANIFEST).read_text())
     assert manifest["format"] == bundle.BUNDLE_FORMAT
     assert manifest["loader"] == loader
@@ -63,7 +68,7 @@ def test_launch_argv() -> None:
         "/m/bin/python3",
         "-I",
         "-S",
-        "/m/agent/server.pyc",
+        "/m/agent",
         "--listen",
         "tcp:0.0.0.0:9090",
     ]

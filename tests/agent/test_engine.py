@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import shutil
-import statistics
 import tempfile
 import time
 import uuid
@@ -23,12 +22,9 @@ from orchard_env.agent.bundle import BUNDLE_MOUNT, RUN_DIR_MOUNT, SOCKET_NAME, l
 from orchard_env.agent.client import AgentClient
 from orchard_env.orchestrator.backends.docker_engine import LABEL_CREATED_BY, LABEL_INSTANCE
 from tests.agent.conftest import TOKEN, collect
-from tests.agent.test_bundle import MAX_IDLE_RSS_KB, vm_rss_kb
 from tests.agent.test_pty import session, until_exit
 
 pytestmark = pytest.mark.engine
-
-EXEC_P50_LIMIT = 0.010  # seconds, `true` through AgentClient over the unix socket
 
 
 @dataclass
@@ -123,7 +119,7 @@ async def test_timeout_kills_the_tree_and_the_agent_reaps_as_pid_1(
     else:
         raise AssertionError(f"leftover processes or zombies:\n{states}")
     init = await collect(agent.exec("init", ["cat", "/proc/1/cmdline"]))
-    assert b"server.pyc" in init.stdout
+    assert b"/agent\0--listen" in init.stdout
 
 
 @pytest.mark.parametrize("user", ["65534:65534"])
@@ -170,25 +166,6 @@ async def test_pty_in_busybox(agent_in_busybox: AgentClient) -> None:
         await pty.send({"type": "stdin", "data": base64.b64encode(b"\x04").decode()})
         output, exit_frame = await until_exit(pty)
     assert output.count(b"ping") == 2 and exit_frame["code"] == 0
-
-
-async def test_idle_rss_and_exec_latency(agent_in_busybox: AgentClient) -> None:
-    agent = agent_in_busybox
-    pid = (await agent.health())["pid"]
-    status = await collect(agent.exec("rss", ["cat", f"/proc/{pid}/status"]))
-    rss_kb = vm_rss_kb(status.stdout)
-    assert rss_kb <= MAX_IDLE_RSS_KB, f"agent idle RSS {rss_kb} kB"
-    for i in range(20):  # warm up the connection pool and the agent
-        await collect(agent.exec(f"warm-{i}", "true"))
-    samples = []
-    for i in range(200):
-        started = time.perf_counter()
-        result = await collect(agent.exec(f"true-{i}", ["true"]))
-        samples.append(time.perf_counter() - started)
-        assert result.exit.exit_code == 0
-    p50 = statistics.median(samples)
-    p90 = statistics.quantiles(samples, n=10)[-1]
-    assert p50 <= EXEC_P50_LIMIT, f"exec `true`: p50 {p50 * 1000:.2f} ms, p90 {p90 * 1000:.2f} ms"
 
 
 def test_stop_forwards_sigterm_and_exits_cleanly(sandbox: Sandbox) -> None:

@@ -18,7 +18,6 @@ import pytest
 from orchard_env import errors
 from orchard_env.agent.client import AgentClient, Exit, Output
 from tests.agent.conftest import (
-    SERVER,
     TOKEN,
     RunningAgent,
     UnixProxy,
@@ -28,6 +27,7 @@ from tests.agent.conftest import (
     start_agent,
     stop_agent,
 )
+from tests.orchestrator.fakes import HOST_AGENT
 
 
 async def test_string_command_runs_through_sh(agent: AgentClient) -> None:
@@ -81,7 +81,7 @@ async def test_environment_is_the_agents_minus_its_own_plus_the_requests(
         "PYTHONPATH": "/image/lib",  # the image's own: kept
         "IMAGE_VAR": "from-image",
     }
-    process = start_agent([sys.executable, "-I", str(SERVER)], f"unix:{socket}", env, tmp_path)
+    process = start_agent([*HOST_AGENT], f"unix:{socket}", env, tmp_path)
     try:
         async with AgentClient(token=TOKEN, uds=socket) as client:
             await client.wait_ready(15)
@@ -292,7 +292,7 @@ def tcp_port(tmp_path: Path) -> Iterator[int]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
-    argv = [sys.executable, "-I", str(SERVER)]
+    argv = [*HOST_AGENT]
     process = start_agent(argv, f"tcp:127.0.0.1:{port}", {"ORCHARD_AGENT_TOKEN": TOKEN}, tmp_path)
     yield port
     assert stop_agent(process) == 0
@@ -311,7 +311,7 @@ async def test_agent_over_tcp(tcp_port: int) -> None:
 
 def test_token_is_required_unless_no_auth(short_dir: Path) -> None:
     refused = subprocess.run(
-        [sys.executable, "-I", str(SERVER), "--listen", f"unix:{short_dir}/a.sock"],
+        [*HOST_AGENT, "--listen", f"unix:{short_dir}/a.sock"],
         env={"PATH": os.environ["PATH"]},
         capture_output=True,
         text=True,
@@ -326,7 +326,7 @@ def test_token_is_required_unless_no_auth(short_dir: Path) -> None:
 @pytest.fixture
 def open_agent_socket(tmp_path: Path, short_dir: Path) -> Iterator[str]:
     socket_path = str(short_dir / "open.sock")
-    argv = [sys.executable, "-I", str(SERVER), "--no-auth"]
+    argv = [*HOST_AGENT, "--no-auth"]
     process = start_agent(argv, f"unix:{socket_path}", {}, tmp_path)
     yield socket_path
     assert stop_agent(process) == 0

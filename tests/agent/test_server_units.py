@@ -1,4 +1,4 @@
-"""Pure helpers of the agent server (imported in-process: it is stdlib-only)."""
+"""Pure helpers of the agent (imported in-process: it is stdlib-only)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from orchard_env.agent import server
+from orchard_env.agent.daemon import files, procs, server, websocket
 
 
 def test_parse_listen() -> None:
@@ -23,11 +23,11 @@ def test_parse_listen() -> None:
 
 
 def test_build_argv(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert server.build_argv(["ls", "-l"], False) == ["ls", "-l"]
+    assert procs.build_argv(["ls", "-l"], False) == ["ls", "-l"]
     monkeypatch.setattr(os.path, "exists", lambda path: path == "/bin/bash")
-    assert server.build_argv("echo hi", False) == ["/bin/bash", "-c", "echo hi"]
-    assert server.build_argv("echo hi", True) == ["/bin/bash", "-l", "-c", "echo hi"]
-    assert server.build_argv(["ls", "a b"], True) == [
+    assert procs.build_argv("echo hi", False) == ["/bin/bash", "-c", "echo hi"]
+    assert procs.build_argv("echo hi", True) == ["/bin/bash", "-l", "-c", "echo hi"]
+    assert procs.build_argv(["ls", "a b"], True) == [
         "/bin/bash",
         "-l",
         "-c",
@@ -37,8 +37,8 @@ def test_build_argv(monkeypatch: pytest.MonkeyPatch) -> None:
         "a b",
     ]
     monkeypatch.setattr(os.path, "exists", lambda path: False)
-    assert server.build_argv("echo hi", True) == ["/bin/sh", "-l", "-c", "echo hi"]
-    assert server.build_argv("echo hi", False) == ["/bin/sh", "-c", "echo hi"]
+    assert procs.build_argv("echo hi", True) == ["/bin/sh", "-l", "-c", "echo hi"]
+    assert procs.build_argv("echo hi", False) == ["/bin/sh", "-c", "echo hi"]
 
 
 def test_command_env_drops_only_the_agents_own_variables() -> None:
@@ -50,30 +50,30 @@ def test_command_env_drops_only_the_agents_own_variables() -> None:
         "LD_LIBRARY_PATH": "/usr/local/cuda/lib64:/opt/orchard-agent/lib",
         "PYTHONPATH": "/app",
     }
-    assert server.command_env(environ, "/opt/orchard-agent") == {
+    assert procs.command_env(environ, "/opt/orchard-agent") == {
         "PATH": "/usr/bin",
         "PYTHONPATH": "/app",
     }
     # an agent running from a system Python never mistakes the image's values for its own
-    assert server.command_env({"PYTHONHOME": "/usr"}, "/usr") == {"PYTHONHOME": "/usr"}
+    assert procs.command_env({"PYTHONHOME": "/usr"}, "/usr") == {"PYTHONHOME": "/usr"}
 
 
 def test_websocket_unmask_matches_rfc6455_example() -> None:
     # RFC 6455 section 5.7: a masked "Hello"
     masked = bytes([0x7F, 0x9F, 0x4D, 0x51, 0x58])
-    assert server.unmask(masked, bytes([0x37, 0xFA, 0x21, 0x3D])) == b"Hello"
-    assert server.unmask(b"", b"abcd") == b""
+    assert websocket.unmask(masked, bytes([0x37, 0xFA, 0x21, 0x3D])) == b"Hello"
+    assert websocket.unmask(b"", b"abcd") == b""
     payload = bytes(range(256)) * 3 + b"x"
     mask = b"\x01\x02\x03\x04"
-    assert server.unmask(server.unmask(payload, mask), mask) == payload
+    assert websocket.unmask(websocket.unmask(payload, mask), mask) == payload
 
 
 def test_iso_utc() -> None:
-    assert server.iso_utc(0) == "1970-01-01T00:00:00.000000Z"
-    assert server.iso_utc(1_700_000_000_123_456_789) == "2023-11-14T22:13:20.123456Z"
+    assert files.iso_utc(0) == "1970-01-01T00:00:00.000000Z"
+    assert files.iso_utc(1_700_000_000_123_456_789) == "2023-11-14T22:13:20.123456Z"
 
 
 def test_exit_fields() -> None:
-    assert server.exit_fields(0) == (0, None)
-    assert server.exit_fields(3) == (3, None)
-    assert server.exit_fields(-9) == (None, 9)
+    assert procs.exit_fields(0) == (0, None)
+    assert procs.exit_fields(3) == (3, None)
+    assert procs.exit_fields(-9) == (None, 9)

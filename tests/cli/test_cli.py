@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +123,20 @@ def test_unknown_target_is_refused(tmp_path: Path) -> None:
     result = _main("up", "--target", "mars", "--state-dir", str(tmp_path))
     assert result.returncode == 1
     assert "unknown target 'mars'" in result.stderr
+
+
+def test_keys_create_local_with_a_quota(isolated: Path, tmp_path: Path) -> None:
+    state = str(tmp_path / "state")
+    quota = ["--max-sandboxes", "2", "--max-cpu", "1.5", "--max-memory", "8Gi"]
+    created = runner.invoke(
+        app, ["keys", "create", "tenant", "--local", "--state-dir", state, *quota, "--json"]
+    )
+    assert created.exit_code == 0, created.output
+    shown = json.loads(created.stdout)
+    assert (shown["max_sandboxes"], shown["max_cpu"], shown["max_memory"]) == (2, 1.5, "8Gi")
+    env = {"ORCHARD_CONFIG": str(isolated), "PATH": "/usr/bin:/bin"}
+    bad = _main(
+        "keys", "create", "x", "--local", "--state-dir", state, "--max-memory", "lots", env=env
+    )
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert "Error: max_memory: memory 'lots' is not a quantity" in bad.stderr

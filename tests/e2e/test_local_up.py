@@ -202,3 +202,56 @@ def test_up_drive_restart_down(
     )
     assert leftovers == []
     assert not provider.paths.pid_file.exists()
+
+
+def test_a_second_orchard_up_on_the_engine_leaves_the_first_ones_sandboxes_alone(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    docker_client: docker.DockerClient,
+    sandbox_image: str,
+) -> None:
+    """The attack of the issue: a second `orchard up --port P --state-dir D2` with the default
+    instance, a fast reaper and short ready timeout, then its `orchard down`."""
+    monkeypatch.setenv("ORCHARD_CONFIG", str(tmp_path / "config.toml"))
+    first = LocalProvider(
+        service_settings(port=_free_port(), state_dir=tmp_path / "one"), context="one"
+    )
+    second = LocalProvider(
+        service_settings(
+            port=_free_port(),
+            state_dir=tmp_path / "two",
+            reap_interval_seconds=1,
+            ready_timeout_seconds=5,
+        ),
+        context="two",
+    )
+    assert first.settings.instance != second.settings.instance
+
+    def quiet(_message: str) -> None:
+        pass
+
+    try:
+        first.up(quiet, smoke=False)
+        with SandboxClient(context="one", auto_cleanup=False) as client:
+            sandbox = client.create_sandbox(image=sandbox_image)
+            sandbox_id = sandbox.sandbox_id
+        second.up(quiet, smoke=False)
+        with SandboxClient(context="two", auto_cleanup=False) as client:
+            assert client.list_sandboxes() == []
+            # Reaper passes of the second (every second) for longer than its ready timeout.
+            job = client.create_sandbox(image=sandbox_image).exec("sleep 8", wait=True)
+            assert job.returncode == 0
+        second.down(quiet)
+        with SandboxClient(context="one", auto_cleanup=False) as client:
+            survivor = client.get_sandbox(sandbox_id)
+            assert survivor.info.status == "ready"
+            assert survivor.exec("echo alive").stdout == "alive\n"
+    finally:
+        second.down(quiet)
+        first.down(quiet)
+    assert (
+        docker_client.containers.list(
+            all=True, filters={"label": f"{LABEL_INSTANCE}={first.settings.instance}"}
+        )
+        == []
+    )

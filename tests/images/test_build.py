@@ -216,7 +216,7 @@ def test_the_orchestrator_context_holds_the_dockerfile_and_the_source(tmp_path: 
         "Dockerfile",
         "src/pyproject.toml",
         "src/README.md",
-        "src/orchard_env/agent/server.py",
+        "src/orchard_env/agent/daemon/server.py",
         "src/orchard_cli/main.py",
         "src/images/agent-injector/Dockerfile",
         "src/images/sandbox/packages.txt",

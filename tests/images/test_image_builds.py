@@ -12,7 +12,6 @@ keeps the pip cache of the orchestrator build.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -34,8 +33,8 @@ from orchard_env.agent.bundle import (
     BUNDLE_MOUNT,
     MANIFEST,
     RUN_DIR_MOUNT,
-    SERVER_SOURCE,
     SOCKET_NAME,
+    daemon_digest,
     launch_argv,
     loader_name,
 )
@@ -190,7 +189,7 @@ def run_dir() -> Iterator[Path]:
 
 def test_the_injected_bundle_is_this_agent(copied_bundle: Path) -> None:
     manifest = json.loads((copied_bundle / MANIFEST).read_text())
-    assert manifest["server_sha256"] == hashlib.sha256(SERVER_SOURCE.read_bytes()).hexdigest()
+    assert manifest["daemon_sha256"] == daemon_digest()
     assert (copied_bundle / "lib" / loader_name()).stat().st_mode & 0o777 == 0o755
 
 
@@ -227,7 +226,7 @@ async def test_the_agent_runs_from_the_injected_bundle_in_busybox(
             )
             init = result.stdout.decode().splitlines()
             assert init[0] == "hi"
-            assert f"{BUNDLE_MOUNT}/agent/server.pyc" in init[1]
+            assert f"{BUNDLE_MOUNT}/agent --listen" in init[1]
             assert result.exit.exit_code == 127  # `command -v python3`: busybox has none
     finally:
         container.remove(force=True)

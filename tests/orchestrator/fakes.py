@@ -1,7 +1,7 @@
 """Test doubles for the service tier: a backend whose sandboxes are real agent processes.
 
 :class:`AgentProcessBackend` implements the Backend Protocol by starting the real agent
-(``orchard_env/agent/server.py``) as a host subprocess on a unix socket, one per sandbox, so
+(``orchard_env.agent.daemon``) as a host subprocess on a unix socket, one per sandbox, so
 exec, files and PTY traffic is real; only the container around it is missing. It simulates
 what an engine does that a host process cannot show by itself:
 
@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from orchard_env.agent import server as agent_server
 from orchard_env.errors import ImageNotFound, OrchardError, SandboxExists, SandboxNotFound
 from orchard_env.orchestrator.backends.base import (
     AgentEndpoint,
@@ -40,9 +39,10 @@ from orchard_env.orchestrator.backends.base import (
     SandboxSpec,
     SandboxState,
     SnapshotImage,
+    not_your_snapshot,
 )
 
-AGENT_SERVER = Path(agent_server.__file__)
+HOST_AGENT = (sys.executable, "-I", "-m", "orchard_env.agent.daemon")  # the real agent
 MISSING_IMAGE = "missing/image"
 HANG_IMAGE = "hang/image"
 CRASH_IMAGE = "crash/image"
@@ -95,6 +95,8 @@ class AgentProcessBackend:
             )
         if spec.image.startswith(f"{SNAPSHOT_REPOSITORY}:") and spec.image not in self.snapshots:
             raise ImageNotFound(f"image {spec.image} is not present locally")
+        if spec.image in self.snapshots and spec.image.split(":", 1)[1] != spec.snapshot_id:
+            raise not_your_snapshot(spec.image)  # an engine checks the image's snapshot label
         if spec.sandbox_id in self.fail_creates:
             raise OrchardError(
                 f"the engine could not create sandbox {spec.sandbox_id!r}: "
@@ -157,6 +159,9 @@ class AgentProcessBackend:
             await asyncio.to_thread(shutil.rmtree, copy)
         return True
 
+    def is_snapshot_image(self, image: str) -> bool:
+        return image.startswith(f"{SNAPSHOT_REPOSITORY}:")
+
     async def close(self) -> None:
         """Apps do not own this backend: its sandboxes outlive them (see :meth:`shutdown`)."""
 
@@ -178,7 +183,7 @@ class AgentProcessBackend:
             "ORCHARD_AGENT_WORKDIR": str(root / "workspace"),
         }
         return subprocess.Popen(
-            [sys.executable, "-I", str(AGENT_SERVER), "--listen", f"unix:{endpoint.uds}"],
+            [*HOST_AGENT, "--listen", f"unix:{endpoint.uds}"],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -194,8 +194,8 @@ async def test_timeout_is_distinct_from_exit_124(service: Service) -> None:
     assert timed["stdout"] == "started\n"
     exited = await service.exec(sandbox_id, "exit 124")
     assert (exited["status"], exited["exit_code"], exited["timed_out"]) == ("failed", 124, False)
-    stored = await service.orchard.store.get_job(timed["job_id"])
-    assert stored is not None and stored.timed_out and stored.status == "failed"
+    [stored] = await service.orchard.store.find_jobs(timed["job_id"])
+    assert stored.timed_out and stored.status == "failed"
 
 
 async def test_output_is_capped_and_marked_truncated(start_service: StartService) -> None:

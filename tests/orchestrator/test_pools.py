@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from orchard_env.orchestrator.keys import create_key
+from orchard_env.protocol import KeyQuota
 from tests.orchestrator.conftest import FakeClock, Service, StartService, eventually
 from tests.orchestrator.fakes import MISSING_IMAGE, AgentProcessBackend
 from tests.orchestrator.test_sandboxes import detail
@@ -27,7 +29,7 @@ async def wait_ready(service: Service, name: str, ready: int) -> None:
         info = (await service.http.get(f"/pools/{name}")).json()
         return bool(info["ready"] == ready and info["starting"] == 0)
 
-    await eventually(full, 30)
+    await eventually(full, 60)
 
 
 async def members(service: Service, name: str = "small") -> set[str]:
@@ -230,3 +232,14 @@ async def test_a_pool_whose_sandboxes_cannot_start_says_why(
     info = (await service.http.get("/pools/small")).json()
     assert info["error"].startswith("could not start a sandbox: image ")
     assert (info["ready"], info["starting"]) == (0, 0)
+
+
+async def test_a_claim_counts_against_the_callers_quota(service: Service) -> None:
+    await make_pool(service, 2)
+    key = await create_key(service.orchard.store, "carol", quota=KeyQuota(max_sandboxes=1))
+    carol = service.as_key(key)
+    assert (await carol.post("/sandboxes", json=MATCHING)).json()["status"] == "ready"
+    refused = await carol.post("/sandboxes", json=MATCHING)
+    assert refused.status_code == 429
+    assert "may have at most 1 live sandboxes" in detail(refused)["message"]
+    assert len(await members(service)) >= 1  # the refused create took nothing from the pool

@@ -44,8 +44,8 @@ async def test_restart_finds_records_jobs_and_sandboxes(
     assert running.status_code == 200
 
     async def acknowledged() -> bool:  # the agent answered: the row says running
-        row = await first.orchard.store.get_job("long")
-        return row is not None and row.status == "running"
+        rows = await first.orchard.store.find_jobs("long")
+        return bool(rows) and rows[0].status == "running"
 
     await eventually(acknowledged)
     await first.stop()

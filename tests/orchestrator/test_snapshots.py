@@ -373,3 +373,35 @@ async def test_snapshots_survive_a_restart(
     assert shown == snap
     restored = await restore(second, snap["snapshot_id"])
     assert await read(second, restored["sandbox_id"]) == "kept\n"
+
+
+async def test_a_snapshot_image_by_name_starts_only_for_the_key_that_owns_it(
+    service: Service,
+) -> None:
+    alice = service.as_key(await service.new_key("alice"))
+    bob = service.as_key(await service.new_key("bob"))
+    await alice.post("/sandboxes", json={"image": "debian:12", "sandbox_id": "alices"})
+    await alice.get("/sandboxes/alices/wait", params={"timeout": 30})
+    await alice.post("/sandboxes/alices/exec", json={"command": "echo secret > s", "wait": True})
+    snap = (await alice.post("/sandboxes/alices/snapshot", json={})).json()
+    missing = "fake/snapshots:snap-000000000000"
+    answers = [
+        await bob.post("/sandboxes", json={"image": image}) for image in (snap["image"], missing)
+    ]
+    for response, image in zip(answers, (snap["image"], missing), strict=True):
+        assert response.status_code == 404, response.text
+        assert detail(response)["code"] == "snapshot_not_found"
+        assert detail(response)["message"] == f"image {image!r} is not a snapshot of yours"
+    assert (await bob.get("/sandboxes")).json()["sandboxes"] == []
+    # The owner may name the image: it is a restore of that snapshot.
+    own = await alice.post("/sandboxes", json={"image": snap["image"], "sandbox_id": "again"})
+    assert own.status_code == 201, own.text
+    assert own.json()["source_snapshot"] == snap["snapshot_id"]
+    await alice.get("/sandboxes/again/wait", params={"timeout": 30})
+    job = await alice.post("/sandboxes/again/exec", json={"command": "cat s", "wait": True})
+    assert job.json()["stdout"] == "secret\n"
+    # Once deleted, not even its owner can start from it by name.
+    await alice.delete("/sandboxes/again")
+    await alice.delete(f"/snapshots/{snap['snapshot_id']}")
+    gone = await alice.post("/sandboxes", json={"image": snap["image"]})
+    assert gone.status_code == 404 and detail(gone)["code"] == "snapshot_not_found"

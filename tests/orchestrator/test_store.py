@@ -43,14 +43,15 @@ async def test_schema_is_versioned_and_the_file_private(tmp_path: Path) -> None:
     await reopened.close()
     with sqlite3.connect(path) as db:
         versions = [row[0] for row in db.execute("SELECT version FROM schema_migrations")]
-        assert versions == [1, 2, 3, 4]
+        assert versions == list(range(1, len(_MIGRATIONS) + 1))
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         db.execute("INSERT INTO schema_migrations VALUES (99, 'future')")
     future = SQLiteStore(path)
     with pytest.raises(ConfigError) as raised:
         await future.open()
     assert raised.value.message == (
-        f"the state database {path} has schema version 99, newer than this Orchard understands (4)"
+        f"the state database {path} has schema version 99, newer than this Orchard understands "
+        f"({len(_MIGRATIONS)})"
     )
 
 
@@ -73,7 +74,7 @@ async def test_inserts_are_idempotent(tmp_path: Path) -> None:
         assert await store.insert_job(other) == (job, False)
         await store.put_sandbox(sandbox("dup", SandboxStatus.DELETED))
         assert await store.insert_sandbox(sandbox("dup"))
-        assert await store.get_job("j1") is None
+        assert await store.get_job("", "j1") is None
 
         row = UsageRow(
             sandbox_id="dup", owner=None, image="x", cpu=1, memory_bytes=1, started_at=NOW
@@ -101,9 +102,51 @@ async def test_jobs_of_a_version_1_database_get_upstreams_statuses(tmp_path: Pat
     store = SQLiteStore(path)
     await store.open()
     try:
-        timed, cancelled = await store.get_job("t"), await store.get_job("c")
+        timed, cancelled = await store.get_job("", "t"), await store.get_job("", "c")
         assert timed is not None and cancelled is not None
         assert (timed.status, timed.timed_out, timed.cancelled) == (JobStatus.FAILED, True, False)
         assert (cancelled.status, cancelled.cancelled) == (JobStatus.FAILED, True)
+    finally:
+        await store.close()
+
+
+async def test_job_ids_of_a_version_3_database_get_the_scope_of_their_sandboxs_owner(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "orchard.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at TEXT)")
+        for version, script in enumerate(_MIGRATIONS[:3], start=1):
+            db.executescript(script)
+            db.execute(
+                "INSERT INTO schema_migrations VALUES (?, '2026-03-01T12:00:00.000000Z')",
+                (version,),
+            )
+        db.execute(
+            "INSERT INTO sandboxes (id, owner, status, created_at, record) "
+            "VALUES ('sb', 'k-alice', 'ready', '2026-03-01T12:00:00.000000Z', '{}')"
+        )
+        request = ExecRequest(command="true").model_dump_json()
+        for job_id, sandbox_id, owner in [("a", "sb", "k-admin"), ("b", "gone", None)]:
+            db.execute(
+                "INSERT INTO jobs (job_id, sandbox_id, owner, status, command, request, "
+                "created_at) VALUES (?, ?, ?, 'succeeded', 'true', ?, "
+                "'2026-03-01T12:00:00.000000Z')",
+                (job_id, sandbox_id, owner, request),
+            )
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        migrated = await store.get_job("k-alice", "a")  # the sandbox's owner, not the caller
+        assert migrated is not None and migrated.owner == "k-admin"
+        assert await store.get_job("", "b") is not None  # no sandbox, no owner: unscoped
+        # The same id in another scope is another job; in the same scope it is the same.
+        theirs = migrated.model_copy(update={"scope": "k-bob", "owner": "k-bob"})
+        assert await store.insert_job(theirs) == (theirs, True)
+        assert await store.insert_job(migrated.model_copy(update={"command": "x"})) == (
+            migrated,
+            False,
+        )
+        assert [job.scope for job in await store.find_jobs("a")] == ["k-alice", "k-bob"]
     finally:
         await store.close()

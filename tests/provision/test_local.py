@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 
@@ -26,7 +27,13 @@ def test_deploy_refuses_a_port_another_program_holds(tmp_path: Path) -> None:
         with pytest.raises(OrchardError) as info:
             provider.deploy(lambda _message: None)
     assert info.value.message.startswith(f"port {port} on 127.0.0.1 is taken")
-    assert info.value.hint is not None and "orchard up --port" in info.value.hint
+    # The port suggested is one that was free, with this service's own state dir.
+    hint = info.value.hint or ""
+    match = re.search(r"`orchard up --port (\d+) --state-dir (\S+)`", hint)
+    assert match is not None, hint
+    assert int(match.group(1)) != port and match.group(2) == str(tmp_path / "state")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", int(match.group(1))))
     assert not provider.paths.pid_file.exists()
 
 

@@ -131,3 +131,20 @@ def test_stream_errors_are_the_servers(sandbox: Sandbox, client: SandboxClient) 
     sandbox.delete()
     with pytest.raises(errors.SandboxNotFound):
         list(sandbox.exec_stream("true"))
+
+
+def test_a_stream_ended_by_the_service_raises_its_error_without_reattaching(
+    sandbox: Sandbox, service: FakeService
+) -> None:
+    message = "the API key 0123456789 was revoked"
+    service.stream_events = [
+        {"event": "started", "job_id": "s1"},
+        {"event": "stdout", "job_id": "s1", "data": "abc"},
+        {"event": "error", "job_id": "s1", "code": "forbidden", "message": message},
+    ]
+    seen = []
+    with pytest.raises(errors.PermissionDenied, match=message):
+        for event in sandbox.exec_stream("build"):
+            seen.append(event.event)
+    assert seen == ["started", "stdout"]
+    assert len(service.seen("POST", f"/sandboxes/{sandbox.sandbox_id}/exec/stream")) == 1

@@ -13,7 +13,7 @@ from orchard_env.orchestrator.services import Orchard
 api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)
 
 
-def get_orchard(request: Request) -> Orchard:
+async def get_orchard(request: Request) -> Orchard:
     orchard: Orchard = request.app.state.orchard
     return orchard
 

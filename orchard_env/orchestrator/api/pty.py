@@ -4,7 +4,7 @@ The key may come as the ``X-API-Key`` header, an ``api_key`` query parameter, or
 ``api_key.<key>`` subprotocol (browsers cannot set headers); the chosen subprotocol is
 echoed. Failures close after the handshake with 4401 (no key), 4403 (bad key), 4404 (no such
 sandbox), 4409 (not ready) or 4503 (anything else), so clients see the reason instead of
-upstream's bare HTTP 403.
+upstream's bare HTTP 403. A session whose key is revoked while it is open ends with 4403.
 """
 
 from __future__ import annotations
@@ -55,4 +55,5 @@ async def pty(ws: WebSocket, sandbox_id: str) -> None:
         await ws.send_json({"type": "error", "message": exc.message})
         await ws.close(code, exc.message[:120])
         return
-    await relay(ws, record, orchard.sandboxes, orchard.agents)
+    async with orchard.sessions.hold(caller) as revoked:
+        await relay(ws, record, orchard.sandboxes, orchard.agents, revoked=revoked)

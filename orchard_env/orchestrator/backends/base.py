@@ -12,6 +12,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+from orchard_env.errors import SnapshotNotFound
+
 
 class Capability(StrEnum):
     NETWORK_ISOLATION = "network_isolation"
@@ -61,6 +63,9 @@ class SandboxSpec:
     # Serialised orchestrator record kept on the container/pod so a restart with lost
     # state can adopt it without guessing (see reconciliation).
     record_annotation: str | None = None
+    # The snapshot this sandbox restores (the orchestrator checked the caller owns it). A
+    # backend refuses an image that is a snapshot image of any other snapshot.
+    snapshot_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,24 @@ class SnapshotImage:
     size_bytes: int  # what it adds on top of the image the sandbox ran (its own layer)
 
 
+def not_your_snapshot(image: str) -> SnapshotNotFound:
+    """The answer to a sandbox asked for with a snapshot image the caller may not use: the
+    same whether the image exists, is another key's, or another deployment's."""
+    return SnapshotNotFound(
+        f"image {image!r} is not a snapshot of yours",
+        hint="start from a snapshot with POST /snapshots/{id}/restore; "
+        "`orchard snapshot list` shows yours",
+    )
+
+
+def image_repository(image: str) -> str:
+    """The repository part of an image reference: without its digest and tag."""
+    name = image.split("@", 1)[0]
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    return name[:colon] if colon > slash else name
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Lifecycle of sandboxes on one substrate.
@@ -103,6 +126,9 @@ class Backend(Protocol):
       :class:`~orchard_env.errors.NotSupported`) commits a running sandbox's filesystem,
       without the agent's mounts, to an image; running processes are not part of it. A
       restore is a ``create`` whose ``SandboxSpec.image`` is the snapshot's ``ref``.
+    * ``is_snapshot_image`` says whether an image name is under the repository where this
+      backend's snapshots live, this deployment's or another's (a name check only, so it
+      says nothing about whether the image exists).
     * ``delete_snapshot`` removes a snapshot's image and returns True once it is gone
       (already gone included), or False while the engine still refuses because something
       uses it (the caller retries later). It never removes anything that uses the image.
@@ -124,5 +150,7 @@ class Backend(Protocol):
     ) -> SnapshotImage: ...
 
     async def delete_snapshot(self, ref: str) -> bool: ...
+
+    def is_snapshot_image(self, image: str) -> bool: ...
 
     async def close(self) -> None: ...

@@ -5,18 +5,24 @@ creations at once, and inspections never queued behind them), so it works with D
 with Podman's Docker-compatible API socket. A create is three round trips (create, start,
 inspect) once the image has been seen here. Per sandbox it makes:
 
-* a container ``orchard-<instance>-<sandbox_id>`` labelled with the instance, sandbox id,
-  owner, the orchestrator's record and the user's labels (``orchard.label.<key>``), whose
-  entrypoint is the agent from the relocatable bundle (mounted read-only), so any image
-  works, even one without a shell or Python;
+* a container ``orchard-<instance>-<sandbox_id>`` labelled with the instance, the state
+  dir's id (:func:`~orchard_env.config.state_id`: only containers carrying this service's
+  own are listed, so adopted or removed), sandbox id, owner, the orchestrator's record and
+  the user's labels (``orchard.label.<key>``), whose entrypoint is the agent from the
+  relocatable bundle (mounted read-only), so any image works, even one without a shell or
+  Python;
 * a host directory ``<sandboxes_dir>/<sandbox_id>/`` mounted at ``/run/orchard``, where the
   agent listens on a unix socket: reachable from the host even with no network at all.
 
 A snapshot is the container committed (paused for the moment it takes) to an image
-``localhost/orchard/snapshots:<snapshot id>``: its writable layer over the image it runs, so
+``localhost/orchard/snapshots/<instance>:<snapshot id>`` labelled with its snapshot id and
+instance: its writable layer over the image it runs, so
 the image's layers are shared, not copied. Bind mounts (the agent bundle, ``/run/orchard``)
 are not part of a commit; the agent's secret and the source's record are blanked in the
-image's config. Containers restored from it share its layers too.
+image's config. Containers restored from it share its layers too. A create whose image is
+a snapshot image (by name, or by any alias: its labels are checked) runs only if it is the
+snapshot the orchestrator authorised (``SandboxSpec.snapshot_id``) and of this instance, so
+neither another key nor another deployment on the same engine can start from it.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from orchard_env.agent.bundle import (
     launch_argv,
     launch_env,
 )
-from orchard_env.config import ServiceSettings
+from orchard_env.config import ServiceSettings, state_id
 from orchard_env.orchestrator.backends.base import (
     AgentEndpoint,
     BackendSandbox,
@@ -61,11 +67,14 @@ from orchard_env.orchestrator.backends.base import (
     SandboxSpec,
     SandboxState,
     SnapshotImage,
+    image_repository,
+    not_your_snapshot,
 )
 from orchard_env.protocol import check_sandbox_id
 
 LABEL_CREATED_BY = "orchard.created-by"
 LABEL_INSTANCE = "orchard.instance"
+LABEL_STATE_ID = "orchard.state-id"
 LABEL_SANDBOX_ID = "orchard.sandbox-id"
 LABEL_OWNER = "orchard.owner"
 LABEL_RECORD = "orchard.record"
@@ -74,6 +83,7 @@ LABEL_SNAPSHOT_ID = "orchard.snapshot-id"
 LABEL_SNAPSHOT_PARENT = "orchard.snapshot-parent"
 LABEL_SOURCE_SANDBOX = "orchard.source-sandbox"
 SNAPSHOT_REPOSITORY = "localhost/orchard/snapshots"
+"""Where every deployment's snapshot images live, one repository per instance below it."""
 TOKEN_ENV = "ORCHARD_AGENT_TOKEN"  # noqa: S105 - the variable's name, not a secret
 WORKDIR_ENV = "ORCHARD_AGENT_WORKDIR"
 
@@ -209,6 +219,7 @@ class DockerEngineBackend:
                 hint="instance: letters, digits, '_', '.', '-', starting with a letter or digit",
             )
         self._settings = settings
+        self._state_id = state_id(settings.state_dir)
         self._bundle_dir = bundle_dir.resolve()
         self._pull_stall_timeout = pull_stall_timeout
         if client is None:
@@ -228,7 +239,10 @@ class DockerEngineBackend:
         # burst of creations.
         self._lifecycle = ThreadPoolExecutor(LIFECYCLE_THREADS, thread_name_prefix="engine")
         self._queries = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="engine-query")
-        self._images_seen: set[str] = set()  # present on the engine when last used
+        # Plain images (not snapshots) present and checked when last used: a create of one
+        # skips the lookup. Snapshot images are checked against their snapshot every time.
+        self._images_seen: set[str] = set()
+        self._host_memory: int | None = None
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -250,6 +264,18 @@ class DockerEngineBackend:
                 hint="is it running? `podman system service --time=0 "
                 "unix:///run/podman/podman.sock &` starts Podman's socket",
             ) from exc
+
+    @property
+    def snapshot_repository(self) -> str:
+        """This instance's snapshot images: ``<SNAPSHOT_REPOSITORY>/<instance>``."""
+        return f"{SNAPSHOT_REPOSITORY}/{self._settings.instance.lower()}"
+
+    def is_snapshot_image(self, image: str) -> bool:
+        repository = image_repository(image).lower()
+        first = repository.split("/", 1)[0]
+        if "/" not in repository or not ("." in first or ":" in first or first == "localhost"):
+            repository = f"localhost/{repository}"  # Podman finds short names locally
+        return repository == SNAPSHOT_REPOSITORY or repository.startswith(f"{SNAPSHOT_REPOSITORY}/")
 
     def _container_name(self, sandbox_id: str) -> str:
         return f"orchard-{self._settings.instance}-{sandbox_id}"
@@ -273,6 +299,8 @@ class DockerEngineBackend:
         sandbox_id = labels.get(LABEL_SANDBOX_ID)
         if sandbox_id is None or labels.get(LABEL_INSTANCE) != self._settings.instance:
             return None
+        if labels.get(LABEL_STATE_ID, self._state_id) != self._state_id:
+            return None  # the same instance name, another service's state dir: not ours
         engine_state: dict[str, Any] = attrs.get("State") or {}
         status = str(engine_state.get("Status", "")).lower()
         state = _STATES.get(status, SandboxState.FAILED)
@@ -301,11 +329,11 @@ class DockerEngineBackend:
 
     # -- images ---------------------------------------------------------------------------
 
-    def _ensure_image(self, image: str) -> None:
+    def _ensure_image(self, image: str, snapshot_id: str | None) -> None:
         try:
-            self._client.images.get(image)
+            found = self._client.images.get(image)
         except docker.errors.ImageNotFound:
-            if image.startswith(f"{SNAPSHOT_REPOSITORY}:"):  # made here, never pulled
+            if snapshot_id is not None or self.is_snapshot_image(image):  # made here, not pulled
                 raise errors.ImageNotFound(
                     f"snapshot image {image!r} is no longer on this machine's engine",
                     hint="it was removed outside Orchard; take a new snapshot",
@@ -319,6 +347,13 @@ class DockerEngineBackend:
                     "`podman login` / `docker login`; `orchard images build-local` builds "
                     "the default images here",
                 ) from None
+            found = self._client.images.get(image)
+        labels: dict[str, str] = found.labels or {}
+        if LABEL_SNAPSHOT_ID in labels and (
+            labels[LABEL_SNAPSHOT_ID] != snapshot_id
+            or labels.get(LABEL_INSTANCE) != self._settings.instance
+        ):
+            raise not_your_snapshot(image)
 
     def _pull(self, image: str) -> str | None:
         """Pull ``image``; None on success, else the engine's reason. Fails fast: no progress
@@ -384,8 +419,17 @@ class DockerEngineBackend:
                 hint=f"use a shorter sandbox id, or a shorter state_dir than "
                 f"{self._settings.state_dir}",
             )
-        if spec.image not in self._images_seen:
-            self._ensure_image(spec.image)
+        if self._host_memory is None:
+            self._host_memory = int(self._client.info().get("MemTotal") or 0)
+        if self._host_memory and spec.memory_bytes > self._host_memory:
+            raise errors.InvalidRequest(
+                f"memory: {spec.memory_bytes / 2**30:.1f}Gi is more than this machine has "
+                f"({self._host_memory / 2**30:.1f}Gi)",
+                hint="ask for less memory",
+            )
+        plain = spec.snapshot_id is None and not self.is_snapshot_image(spec.image)
+        if not (plain and spec.image in self._images_seen):
+            self._ensure_image(spec.image, spec.snapshot_id)
         # A directory already there may be a live sandbox's (its socket must stay): only then
         # is it worth asking the engine first; otherwise the create itself refuses a taken name.
         if run_dir.exists() and self._get(name) is not None:
@@ -402,7 +446,7 @@ class DockerEngineBackend:
                 container_id = self._create_container(spec, name, run_dir)
             except docker.errors.NotFound:  # its image went away since it was last seen here
                 self._images_seen.discard(spec.image)
-                self._ensure_image(spec.image)
+                self._ensure_image(spec.image, spec.snapshot_id)
                 container_id = self._create_container(spec, name, run_dir)
         except docker.errors.APIError as exc:
             if _name_in_use(exc):  # a concurrent create of the same id won
@@ -416,7 +460,8 @@ class DockerEngineBackend:
             if made_dir:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
-        self._images_seen.add(spec.image)
+        if plain:
+            self._images_seen.add(spec.image)
         try:
             self._client.api.start(container_id)
         except docker.errors.APIError as exc:
@@ -440,6 +485,7 @@ class DockerEngineBackend:
         labels = {
             LABEL_CREATED_BY: "orchard",
             LABEL_INSTANCE: self._settings.instance,
+            LABEL_STATE_ID: self._state_id,
             LABEL_SANDBOX_ID: spec.sandbox_id,
             **{USER_LABEL_PREFIX + key: value for key, value in spec.labels.items()},
         }
@@ -497,9 +543,13 @@ class DockerEngineBackend:
 
     def _delete(self, sandbox_id: str) -> None:
         run_dir = self._run_dir(sandbox_id)
+        name = self._container_name(sandbox_id)
         try:
-            # force: the engine kills (SIGKILL) the container before removing it.
-            self._client.api.remove_container(self._container_name(sandbox_id), force=True, v=True)
+            found = self._get(name)
+            # A container of another service's state dir (the same instance name) is never
+            # removed. force: the engine kills (SIGKILL) the container before removing it.
+            if found is not None and self._describe(found.attrs) is not None:
+                self._client.api.remove_container(name, force=True, v=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
@@ -538,7 +588,7 @@ class DockerEngineBackend:
             changes.append(f"LABEL {LABEL_SNAPSHOT_PARENT}={parent}")
         try:
             image = container.commit(
-                repository=SNAPSHOT_REPOSITORY, tag=snapshot_id, pause=True, changes=changes
+                repository=self.snapshot_repository, tag=snapshot_id, pause=True, changes=changes
             )
         except docker.errors.NotFound as exc:
             raise errors.SandboxNotFound(
@@ -549,12 +599,16 @@ class DockerEngineBackend:
                 f"the engine could not snapshot sandbox {sandbox_id!r}: {_explanation(exc)}"
             ) from exc
         added = int(image.attrs.get("Size") or 0) - int(base.attrs.get("Size") or 0)
-        return SnapshotImage(ref=f"{SNAPSHOT_REPOSITORY}:{snapshot_id}", size_bytes=max(added, 0))
+        return SnapshotImage(
+            ref=f"{self.snapshot_repository}:{snapshot_id}", size_bytes=max(added, 0)
+        )
 
     def _delete_snapshot(self, ref: str) -> bool:
-        if not ref.startswith(f"{SNAPSHOT_REPOSITORY}:"):
+        # Snapshots taken before repositories were per instance live in SNAPSHOT_REPOSITORY.
+        if image_repository(ref) not in (self.snapshot_repository, SNAPSHOT_REPOSITORY):
             raise errors.InvalidRequest(
-                f"{ref!r} is not a snapshot image (they are {SNAPSHOT_REPOSITORY}:<id>)"
+                f"{ref!r} is not a snapshot image of this instance (they are "
+                f"{self.snapshot_repository}:<id>)"
             )
         try:
             # Never force: Podman would remove the containers that use the image with it.

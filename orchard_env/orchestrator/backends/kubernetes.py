@@ -71,6 +71,7 @@ from orchard_env.orchestrator.backends.base import (
     SandboxSpec,
     SandboxState,
     SnapshotImage,
+    image_repository,
 )
 from orchard_env.protocol import LABEL_VALUE_RE, check_sandbox_id
 from orchard_env.snapshotter.registry import Reference, RegistryClient, load_credentials
@@ -1168,6 +1169,10 @@ class KubernetesBackend:
             self._tokens.pop(names[0], None)
 
     # -- snapshots (the node snapshotter DaemonSet) ------------------------------------------
+
+    def is_snapshot_image(self, image: str) -> bool:
+        registry = self._settings.registry
+        return registry is not None and image_repository(image) == registry
 
     def _snapshot_settings(self) -> tuple[str, str]:
         """(target repository, snapshotter token), or NotSupported when snapshots are off."""

@@ -22,7 +22,7 @@ for any resourceVersion seen so far) and :meth:`FakeKubeApi.drop_watches` (conne
 reports it Unschedulable when it asks for more CPU than the node has), "pulls" its images
 (:data:`MISSING_IMAGE` fails like a registry without it), resolves the token Secret the way a
 kubelet does (CreateContainerConfigError until it exists), and runs the real agent
-(``orchard_env/agent/server.py``) as a host process listening on the pod's IP — a distinct
+(``orchard_env.agent.daemon``) as a host process listening on the pod's IP — a distinct
 loopback address per pod — and the agent port, so what the backend reports as the agent
 endpoint really answers.
 """
@@ -40,7 +40,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import uuid
@@ -56,9 +55,8 @@ import kubernetes_validate
 import yaml
 
 import manifests
-from orchard_env.agent import server as agent_server
+from tests.orchestrator.fakes import HOST_AGENT
 
-AGENT_SERVER = Path(agent_server.__file__)
 TOKEN = "fake-cluster-token"
 USER = "system:serviceaccount:orchard:orchard-orchestrator"
 MISSING_IMAGE = "registry.example/missing:1"
@@ -767,9 +765,7 @@ class FakeKubelet:
             )
             process = subprocess.Popen(
                 [
-                    sys.executable,
-                    "-I",
-                    str(AGENT_SERVER),
+                    *HOST_AGENT,
                     "--listen",
                     f"tcp:{ip}:{self.agent_port}",
                 ],

@@ -19,6 +19,7 @@ from orchard_env.orchestrator.backends.base import (
     BackendSandbox,
     Capability,
     SandboxSpec,
+    SnapshotImage,
 )
 from orchard_env.orchestrator.backends.docker_engine import (
     LABEL_INSTANCE,
@@ -43,7 +44,7 @@ def remove_snapshot_images(client: docker.DockerClient, instance: str) -> list[s
     """Remove this instance's snapshot images; return their tags."""
     tags = []
     for tag in image_tags(client, f"{LABEL_INSTANCE}={instance}"):
-        if tag.startswith(f"{SNAPSHOT_REPOSITORY}:"):
+        if tag.startswith(f"{SNAPSHOT_REPOSITORY}/"):
             tags.append(tag)
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                 client.images.remove(tag)
@@ -80,6 +81,11 @@ async def backend(
         await opened.close()
 
 
+def restoring(image: SnapshotImage) -> dict[str, str]:
+    """The spec fields of a restore of ``image``, as the orchestrator authorises it."""
+    return {"image": image.ref, "snapshot_id": image.ref.rsplit(":", 1)[1]}
+
+
 async def run(sandbox: BackendSandbox, command: str) -> str:
     """Run ``command`` with the image's sh through the agent; its output (must exit 0)."""
     assert sandbox.agent is not None and sandbox.agent.uds is not None
@@ -111,11 +117,11 @@ async def test_restore_gets_the_files_of_the_moment_of_the_snapshot(
     await run(source, "echo v1 > /workspace/state.txt && head -c 100000 /dev/zero > /tmp/pad")
     snapshot_id = f"snap-{secrets.token_hex(6)}"
     image = await backend.snapshot(source.sandbox_id, snapshot_id)
-    assert image.ref == f"{SNAPSHOT_REPOSITORY}:{snapshot_id}"
+    assert image.ref == f"{SNAPSHOT_REPOSITORY}/{settings.instance}:{snapshot_id}"
     assert 100_000 <= image.size_bytes < 1_000_000  # its own layer, not the base image again
     await run(source, "echo v2 > /workspace/state.txt")
 
-    restored = await backend.create(spec(image=image.ref))
+    restored = await backend.create(spec(**restoring(image)))
     assert await run(restored, "cat /workspace/state.txt") == "v1\n"
     assert await run(source, "cat /workspace/state.txt") == "v2\n"
 
@@ -167,7 +173,7 @@ async def test_restores_are_independent_and_lineage_is_labelled(
     await run(source, "echo base > /workspace/state.txt")
     parent_id = f"snap-{secrets.token_hex(6)}"
     parent = await backend.snapshot(source.sandbox_id, parent_id)
-    forks = [await backend.create(spec(image=parent.ref)) for _ in range(3)]
+    forks = [await backend.create(spec(**restoring(parent))) for _ in range(3)]
     for index, fork in enumerate(forks):
         await run(fork, f"echo fork-{index} > /workspace/state.txt")
     for index, fork in enumerate(forks):
@@ -178,7 +184,7 @@ async def test_restores_are_independent_and_lineage_is_labelled(
     labels = docker_client.images.get(child.ref).attrs["Config"]["Labels"]
     assert labels["orchard.snapshot-parent"] == parent_id
     assert child.size_bytes < 100_000  # only what changed since the restore
-    grandchild = await backend.create(spec(image=child.ref))
+    grandchild = await backend.create(spec(**restoring(child)))
     assert await run(grandchild, "cat /workspace/state.txt") == "fork-0\n"
 
 
@@ -189,12 +195,12 @@ async def test_an_image_in_use_is_kept_and_deleting_everything_leaves_nothing(
 ) -> None:
     source = await backend.create(spec())
     parent = await backend.snapshot(source.sandbox_id, f"snap-{secrets.token_hex(6)}")
-    restored = await backend.create(spec(image=parent.ref))
+    restored = await backend.create(spec(**restoring(parent)))
     child = await backend.snapshot(restored.sandbox_id, f"snap-{secrets.token_hex(6)}")
     assert await backend.delete_snapshot(parent.ref) is False  # a container runs on it
     await backend.delete(restored.sandbox_id)
     assert await backend.delete_snapshot(parent.ref) is True  # the child image keeps its layers
-    grandchild = await backend.create(spec(image=child.ref))
+    grandchild = await backend.create(spec(**restoring(child)))
     await run(grandchild, "true")
     await backend.delete(grandchild.sandbox_id)
     await backend.delete(source.sandbox_id)
@@ -202,7 +208,7 @@ async def test_an_image_in_use_is_kept_and_deleting_everything_leaves_nothing(
     assert await backend.delete_snapshot(child.ref) is True  # already gone: quiet
     assert leftovers() == []
     with pytest.raises(errors.ImageNotFound, match="is no longer on this machine's engine"):
-        await backend.create(spec(image=child.ref))
+        await backend.create(spec(**restoring(child)))
 
 
 async def test_snapshot_errors(backend: DockerEngineBackend) -> None:

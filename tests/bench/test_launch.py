@@ -1,4 +1,4 @@
-"""The benchmark code paths at small n: `bench launch` (cold and from a pool) against a live
+"""The launch benchmark at small n: `bench launch` (cold and from a pool) against a live
 orchestrator on the fake backend, and the host measurements (the engine's on the real one)."""
 
 from __future__ import annotations

@@ -1,0 +1,18 @@
+"""Orchard's in-sandbox agent: a small HTTP/1.1 + WebSocket server, Python standard library only.
+
+It runs under the relocatable bundle interpreter inside any image (see ``orchard_env.agent``
+for the wire protocol), so it imports nothing outside the standard library, starts fast and
+stays small (idle RSS target: 20 MB). The bundle ships this package as ``orchard_agent``
+(bytecode only) beside an entry ``__main__``; on the host it runs as::
+
+    python -I -m orchard_env.agent.daemon --listen unix:/run/orchard/agent.sock
+    python -I -m orchard_env.agent.daemon --listen tcp:0.0.0.0:9090
+
+The bearer token comes from ``ORCHARD_AGENT_TOKEN`` (``--no-auth`` disables auth, for tests).
+``ORCHARD_AGENT_WORKDIR`` (default ``/workspace``) is where relative paths and commands start.
+
+Modules: :mod:`.init` (PID 1's reaper), :mod:`.http` (requests, responses, errors),
+:mod:`.fdio` (non-blocking fd I/O), :mod:`.procs` (how commands are started and reaped),
+:mod:`.jobs` (exec jobs and their output), :mod:`.files` (the file routes),
+:mod:`.websocket` and :mod:`.pty` (terminals), :mod:`.server` (routes, auth, entry).
+"""

@@ -1,0 +1,272 @@
+"""HTTP/1.1 for the agent: request parsing (bodies streamed), responses, and the error type
+every route raises (answered as ``{"code", "message"}`` JSON)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+FILE_CHUNK = 256 * 1024
+MAX_HEADER_BYTES = 64 * 1024
+MAX_JSON_BODY = 64 * 1024 * 1024
+REASONS = {
+    101: "Switching Protocols",
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Payload Too Large",
+    500: "Internal Server Error",
+}
+
+
+def log(message: str) -> None:
+    sys.stderr.write(f"orchard-agent[{os.getpid()}]: {message}\n")
+    sys.stderr.flush()
+
+
+class HTTPError(Exception):
+    """An error answered as ``{"code", "message"}`` JSON with ``status``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def invalid(message: str) -> HTTPError:
+    return HTTPError(400, "invalid_request", message)
+
+
+def file_not_found(path: str) -> HTTPError:
+    return HTTPError(404, "file_not_found", f"{path} does not exist")
+
+
+def os_error(exc: OSError, path: str, action: str) -> HTTPError:
+    """Map a filesystem error to the agent's error codes with a message naming the path."""
+    if isinstance(exc, FileNotFoundError):
+        return file_not_found(path)
+    if isinstance(exc, PermissionError):
+        return invalid(f"permission denied {action} {path}")
+    if isinstance(exc, NotADirectoryError):
+        return invalid(f"{action} {path} failed: a parent is not a directory")
+    return invalid(f"{action} {path} failed: {exc.strerror or exc}")
+
+
+class Request:
+    """One parsed HTTP/1.1 request on a connection, with its body still on the wire."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        method: str,
+        target: str,
+        version: str,
+        headers: dict[str, str],
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.method = method
+        self.version = version
+        self.headers = headers
+        raw_path, _, query = target.partition("?")
+        self.path = unquote(raw_path)
+        self.query = dict(parse_qsl(query, keep_blank_values=True))
+        connection = headers.get("connection", "").lower()
+        self.keep_alive = version == "HTTP/1.1" and "close" not in connection
+        self.started = False  # response head sent
+        self.chunked_body = "chunked" in headers.get("transfer-encoding", "").lower()
+        length = headers.get("content-length")
+        if self.chunked_body:
+            self.remaining: int | None = None
+        else:
+            try:
+                self.remaining = int(length) if length else 0
+            except ValueError:
+                raise invalid(f"bad Content-Length {length!r}") from None
+            if self.remaining < 0:
+                raise invalid(f"bad Content-Length {length!r}")
+        self.body_done = not self.chunked_body and self.remaining == 0
+
+    # request body
+
+    async def body(self) -> AsyncIterator[bytes]:
+        """The request body, streamed (Content-Length or chunked)."""
+        if self.body_done:
+            return
+        if "100-continue" in self.headers.get("expect", "").lower() and not self.started:
+            self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if self.chunked_body:
+            async for chunk in self._chunked():
+                yield chunk
+        else:
+            while self.remaining:
+                chunk = await self.reader.read(min(self.remaining, FILE_CHUNK))
+                if not chunk:
+                    raise ConnectionResetError("client closed the connection mid-body")
+                self.remaining -= len(chunk)
+                yield chunk
+        self.body_done = True
+
+    async def _chunked(self) -> AsyncIterator[bytes]:
+        while True:
+            line = await self.reader.readuntil(b"\r\n")
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise invalid("bad chunk size in the request body") from None
+            if size == 0:
+                while await self.reader.readuntil(b"\r\n") != b"\r\n":
+                    pass  # trailers are ignored
+                return
+            while size:
+                chunk = await self.reader.read(min(size, FILE_CHUNK))
+                if not chunk:
+                    raise ConnectionResetError("client closed the connection mid-body")
+                size -= len(chunk)
+                yield chunk
+            if await self.reader.readexactly(2) != b"\r\n":
+                raise invalid("bad chunk terminator in the request body")
+
+    async def read_body(self, limit: int) -> bytes:
+        parts: list[bytes] = []
+        total = 0
+        async for chunk in self.body():
+            total += len(chunk)
+            if total > limit:
+                self.keep_alive = False
+                raise HTTPError(413, "invalid_request", f"request body is over {limit} bytes")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def json(self) -> dict[str, Any]:
+        raw = await self.read_body(MAX_JSON_BODY)
+        try:
+            value = json.loads(raw or b"{}")
+        except ValueError as exc:
+            raise invalid(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise invalid("request body must be a JSON object")
+        return value
+
+    async def discard_body(self) -> None:
+        async for _ in self.body():
+            pass
+
+    # query parameters
+
+    def arg(self, name: str) -> str:
+        value = self.query.get(name)
+        if not value:
+            raise invalid(f"query parameter {name!r} is required")
+        return value
+
+    def flag(self, name: str, default: bool) -> bool:
+        value = self.query.get(name)
+        if value is None or value == "":
+            return default
+        lowered = value.lower()
+        if lowered in ("1", "true", "yes"):
+            return True
+        if lowered in ("0", "false", "no"):
+            return False
+        raise invalid(f"query parameter {name!r} must be true or false, not {value!r}")
+
+    # response
+
+    def head(self, status: int, headers: list[tuple[str, str]]) -> bytes:
+        self.started = True
+        lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}"]
+        lines.extend(f"{name}: {value}" for name, value in headers)
+        if status != 101:
+            lines.append("Connection: " + ("keep-alive" if self.keep_alive else "close"))
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    async def send_json(self, status: int, payload: Any) -> None:
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        head = self.head(
+            status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+        )
+        self.writer.write(head + body)
+        await self.writer.drain()
+
+    def start_chunked(self, content_type: str) -> None:
+        self.writer.write(
+            self.head(200, [("Content-Type", content_type), ("Transfer-Encoding", "chunked")])
+        )
+
+    def write_chunk(self, data: bytes) -> None:
+        if data:
+            self.writer.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
+
+    def end_chunked(self) -> None:
+        self.writer.write(b"0\r\n\r\n")
+
+
+async def read_request(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> Request | None:
+    """Parse the next request head; None when the client closed the connection cleanly."""
+    try:
+        raw = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial.strip():
+            raise invalid("incomplete request head") from None
+        return None
+    except asyncio.LimitOverrunError:
+        raise invalid(f"request head is over {MAX_HEADER_BYTES} bytes") from None
+    lines = raw.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise invalid(f"bad request line {lines[0][:200]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise invalid(f"bad header line {line[:200]!r}")
+        key = name.strip().lower()
+        value = value.strip()
+        headers[key] = f"{headers[key]}, {value}" if key in headers else value
+    return Request(reader, writer, parts[0], parts[1], parts[2], headers)
+
+
+def string_map(value: Any, field: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise invalid(f"{field} must be an object of strings")
+    return value
+
+
+def decode_b64(value: Any, field: str) -> bytes:
+    if not isinstance(value, str):
+        raise invalid(f"{field} must be a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError:
+        raise invalid(f"{field} is not valid base64") from None
+
+
+def error_response(exc: HTTPError) -> bytes:
+    """A complete response for an error found before a request could be parsed (closes)."""
+    body = json.dumps({"code": exc.code, "message": exc.message}).encode()
+    return (
+        f"HTTP/1.1 {exc.status} {REASONS.get(exc.status, 'Error')}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n".encode()
+        + body
+    )

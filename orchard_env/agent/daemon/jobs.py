@@ -1,0 +1,287 @@
+"""Exec jobs: one command run per job id, its output kept as the NDJSON events every attacher
+replays, and the table of jobs the agent remembers (bounded by age, count and bytes)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+
+from .fdio import write_fd
+from .http import HTTPError
+from .procs import Processes, exit_fields, spawn_failure
+
+DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024  # per stream, when the request names no cap
+READ_CHUNK = 64 * 1024
+EXIT_DRAIN_GRACE = 1.0  # seconds to wait for pipe EOF after the command itself exited
+JOB_KEEP_SECONDS = 3600.0
+JOB_KEEP_COUNT = 1000
+JOB_BUFFER_BUDGET = 256 * 1024 * 1024  # output kept for finished jobs, all together
+
+
+class JobTable:
+    """The jobs this agent knows by id: running ones, and finished ones for a while."""
+
+    def __init__(self, procs: Processes) -> None:
+        self.procs = procs
+        self.jobs: dict[str, Job] = {}
+
+    def get(self, job_id: str) -> Job | None:
+        return self.jobs.get(job_id)
+
+    def __getitem__(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise HTTPError(404, "job_not_found", f"job {job_id} is not known to this agent")
+        return job
+
+    def add(self, job_id: str, fingerprint: str, max_output: int) -> Job:
+        job = self.jobs[job_id] = Job(self, job_id, fingerprint, max_output)
+        return job
+
+    def kill_all(self) -> None:
+        for job in self.jobs.values():
+            job.kill("cancel")
+
+    def job_finished(self) -> None:
+        """Keep finished jobs bounded by age, count and buffered bytes (oldest go first)."""
+        now = time.monotonic()
+        finished = [job for job in self.jobs.values() if job.done]
+        excess = len(finished) - JOB_KEEP_COUNT
+        kept = []
+        for job in finished:
+            if excess > 0 or now - job.finished_at > JOB_KEEP_SECONDS:
+                del self.jobs[job.job_id]
+                excess -= 1
+            else:
+                kept.append(job)
+        total = sum(job.buffered for job in kept)
+        for job in kept:
+            if total <= JOB_BUFFER_BUDGET:
+                break
+            if len(job.events) > 1:
+                total -= job.drop_output()
+
+
+class Job:
+    """One command run, kept by job_id so a repeated submission attaches instead of rerunning.
+
+    Output is kept as encoded NDJSON lines (the stream every attacher replays from the start),
+    capped per stream at ``max_output`` bytes; the final ``x`` line ends it.
+    """
+
+    def __init__(self, table: JobTable, job_id: str, fingerprint: str, max_output: int) -> None:
+        self.table = table
+        self.job_id = job_id
+        self.fingerprint = fingerprint
+        self.max_output = max_output
+        self.events: list[bytes] = []
+        self.buffered = 0
+        self.sizes = [0, 0]
+        self.truncated = False
+        self.timed_out = False
+        self.cancelled = False
+        self.done = False
+        self.finished_at = 0.0
+        self.pgid: int | None = None
+        self._changed: asyncio.Event | None = None
+        self._fds: list[int | None] = [None, None]
+        self._streams_closed: asyncio.Future[None] | None = None
+
+    # event buffer
+
+    def _append(self, line: bytes) -> None:
+        self.events.append(line)
+        self.buffered += len(line)
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def changed(self) -> None:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        await self._changed.wait()
+
+    def drop_output(self) -> int:
+        """Free a finished job's output, keeping its final event (marked truncated)."""
+        final = json.loads(self.events[-1])
+        final["truncated"] = True
+        line = json.dumps(final, separators=(",", ":")).encode() + b"\n"
+        freed = self.buffered - len(line)
+        self.events = [line]
+        self.buffered = len(line)
+        return freed
+
+    def _emit(self, index: int, data: bytes) -> None:
+        room = self.max_output - self.sizes[index]
+        if len(data) > room:
+            self.truncated = True
+            data = data[: max(room, 0)]
+        if data:
+            self.sizes[index] += len(data)
+            kind = b"o" if index == 0 else b"e"
+            self._append(b'{"t":"%s","d":"%s"}\n' % (kind, base64.b64encode(data)))
+
+    def _finish(
+        self,
+        started: float,
+        *,
+        exit_code: int | None = None,
+        sig: int | None = None,
+        error: str | None = None,
+    ) -> None:
+        final = {
+            "t": "x",
+            "exit_code": exit_code,
+            "signal": sig,
+            "timed_out": self.timed_out,
+            "cancelled": self.cancelled,
+            "truncated": self.truncated,
+            "error": error,
+            "duration": round(time.monotonic() - started, 6),
+        }
+        self._append(json.dumps(final, separators=(",", ":")).encode() + b"\n")
+        self.done = True
+        self.finished_at = time.monotonic()
+        self.pgid = None
+        self.table.job_finished()
+
+    # running
+
+    def start(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        timeout: float | None,
+        stdin: bytes | None,
+    ) -> None:
+        """Spawn the command in its own session; output is collected by the event loop."""
+        started = time.monotonic()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        in_r, in_w = os.pipe() if stdin is not None else (None, None)
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=in_r if in_r is not None else subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            for fd in (out_r, err_r, in_w):
+                if fd is not None:
+                    os.close(fd)
+            self._finish(started, **spawn_failure(exc, argv[0], cwd))
+            return
+        finally:
+            for fd in (out_w, err_w, in_r):
+                if fd is not None:
+                    os.close(fd)
+        self.pgid = proc.pid
+        self.table.procs.expose_to_oom_killer(proc.pid)
+        loop = asyncio.get_running_loop()
+        self._streams_closed = loop.create_future()
+        self._fds = [out_r, err_r]
+        for index, fd in enumerate((out_r, err_r)):
+            os.set_blocking(fd, False)
+            loop.add_reader(fd, self._on_output, index)
+        exited = self.table.procs.watch_child(proc)
+        feeder = None
+        if in_w is not None and stdin is not None:
+            os.set_blocking(in_w, False)
+            feeder = loop.create_task(feed_stdin(in_w, stdin))
+        self.table.procs.track(loop.create_task(self._wait(exited, started, timeout, feeder)))
+
+    def _on_output(self, index: int) -> None:
+        fd = self._fds[index]
+        if fd is None:
+            return
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self._emit(index, data)
+        else:
+            self._close_stream(index)
+
+    def _close_stream(self, index: int) -> None:
+        fd = self._fds[index]
+        if fd is None:
+            return
+        self._fds[index] = None
+        asyncio.get_running_loop().remove_reader(fd)
+        os.close(fd)
+        if self._fds == [None, None] and self._streams_closed and not self._streams_closed.done():
+            self._streams_closed.set_result(None)
+
+    async def _wait(
+        self,
+        exited: asyncio.Future[int],
+        started: float,
+        time_limit: float | None,
+        feeder: asyncio.Task[None] | None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(time_limit, self.kill, "timeout") if time_limit else None
+        try:
+            returncode = await exited
+            assert self._streams_closed is not None
+            if not self._streams_closed.done():
+                # A background child may still hold the pipes: give it a moment, then stop
+                # reading (the command itself is done; its leftovers keep running).
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._streams_closed), EXIT_DRAIN_GRACE)
+                except TimeoutError:
+                    self._drain_and_close()
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if feeder is not None:
+                feeder.cancel()
+        exit_code, sig = exit_fields(returncode)
+        self._finish(started, exit_code=exit_code, sig=sig)
+
+    def _drain_and_close(self) -> None:
+        for index, fd in enumerate(self._fds):
+            while fd is not None:
+                try:
+                    data = os.read(fd, READ_CHUNK)
+                except OSError:
+                    break
+                if not data:
+                    break
+                self._emit(index, data)
+            self._close_stream(index)
+
+    def kill(self, reason: str) -> bool:
+        """SIGKILL the command's process group (timeout or cancel); False when already done."""
+        if self.done or self.pgid is None:
+            return False
+        if reason == "timeout":
+            self.timed_out = True
+        else:
+            self.cancelled = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, signal.SIGKILL)
+        return True
+
+
+async def feed_stdin(fd: int, data: bytes) -> None:
+    try:
+        await write_fd(fd, data)
+    except OSError:
+        pass  # the command closed its stdin early
+    finally:
+        os.close(fd)

@@ -1,0 +1,282 @@
+"""The agent's routes, its bearer-token check, and its entry point (``main``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from . import files
+from .http import (
+    MAX_HEADER_BYTES,
+    HTTPError,
+    Request,
+    decode_b64,
+    error_response,
+    invalid,
+    log,
+    read_request,
+    string_map,
+)
+from .jobs import DEFAULT_MAX_OUTPUT, Job, JobTable
+from .procs import Processes, build_argv, command_env, initial_environ, signal_group
+from .pty import serve_pty
+
+AGENT_VERSION = "0.1.0"
+DEFAULT_WORKDIR = "/workspace"
+
+
+class Agent:
+    """Routes, jobs and PTY sessions of one agent process."""
+
+    def __init__(self, token: str | None, workdir: str) -> None:
+        self.token = token.encode() if token else None
+        self.workdir = workdir
+        self.base_env = command_env(initial_environ(), sys.prefix)
+        self.umask = os.umask(0o022)
+        os.umask(self.umask)
+        self.procs = Processes()
+        self.jobs = JobTable(self.procs)
+
+    def shutdown(self) -> None:
+        """Kill every running command and PTY session (the agent is stopping)."""
+        self.jobs.kill_all()
+        for pgid in self.procs.pty_groups:
+            signal_group(pgid, signal.SIGKILL)
+
+    # HTTP
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    req = await read_request(reader, writer)
+                except HTTPError as exc:
+                    writer.write(error_response(exc))
+                    await writer.drain()
+                    break
+                if req is None:
+                    break
+                await self.respond(req)
+                if not req.keep_alive:
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def respond(self, req: Request) -> None:
+        try:
+            await self.route(req)
+            if not req.body_done:
+                await req.discard_body()
+        except HTTPError as exc:
+            if req.started:
+                req.keep_alive = False
+                return
+            if not req.body_done and exc.status != 413:
+                await req.discard_body()
+            await req.send_json(exc.status, {"code": exc.code, "message": exc.message})
+        except (ConnectionError, asyncio.IncompleteReadError):
+            raise
+        except Exception as exc:
+            import traceback  # only on the rare failure path
+
+            log(f"{req.method} {req.path} failed:\n{traceback.format_exc()}")
+            req.keep_alive = False
+            if not req.started:
+                await req.send_json(500, {"code": "internal", "message": f"agent error: {exc!r}"})
+
+    async def route(self, req: Request) -> None:
+        method, path = req.method, req.path
+        if path == "/health" and method == "GET":
+            await req.send_json(200, {"status": "ok", "pid": os.getpid(), "version": AGENT_VERSION})
+            return
+        self.check_auth(req)
+        routes: dict[tuple[str, str], Callable[[Request], Any]] = {
+            ("POST", "/exec"): self.exec,
+            ("GET", "/files"): lambda req: files.read_file(req, self.path_arg(req)),
+            ("PUT", "/files"): lambda req: files.write_file(req, self.path_arg(req), self.umask),
+            ("DELETE", "/files"): lambda req: files.delete_path(req, self.path_arg(req)),
+            ("GET", "/files/list"): lambda req: files.list_dir(req, self.path_arg(req)),
+            ("POST", "/files/mkdir"): lambda req: files.make_dir(req, self.path_arg(req)),
+            ("GET", "/pty"): lambda req: serve_pty(req, self.procs, self.base_env, self.resolve),
+        }
+        handler = routes.get((method, path))
+        if handler is not None:
+            await handler(req)
+            return
+        if path.startswith("/exec/"):
+            job_id, _, action = path[len("/exec/") :].partition("/")
+            if action == "" and method == "GET":
+                await self.stream_job(req, self.jobs[job_id])
+                return
+            if action == "cancel" and method == "POST":
+                cancelled = self.jobs[job_id].kill("cancel")
+                await req.send_json(200, {"job_id": job_id, "cancelled": cancelled})
+                return
+        elif path in {p for _, p in routes}:
+            raise HTTPError(405, "invalid_request", f"{method} is not allowed on {path}")
+        raise HTTPError(404, "not_found", f"no route {method} {path}")
+
+    def check_auth(self, req: Request) -> None:
+        if self.token is None:
+            return
+        header = req.headers.get("authorization", "")
+        if not header:
+            raise HTTPError(
+                401, "unauthenticated", "missing 'Authorization: Bearer <token>' header"
+            )
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), self.token
+        ):
+            raise HTTPError(401, "unauthenticated", "invalid agent token")
+
+    def resolve(self, raw: str) -> str:
+        if "\0" in raw:
+            raise invalid("path contains a NUL byte")
+        return os.path.normpath(os.path.join(self.workdir, raw))
+
+    def path_arg(self, req: Request) -> str:
+        return self.resolve(req.arg("path"))
+
+    # exec
+
+    async def exec(self, req: Request) -> None:
+        body = await req.json()
+        command = body.get("command")
+        if isinstance(command, str):
+            if not command.strip():
+                raise invalid("command is empty")
+        elif not (
+            isinstance(command, list) and command and all(isinstance(a, str) for a in command)
+        ):
+            raise invalid("command must be a non-empty string or a non-empty list of strings")
+        job_id = body.get("job_id") or os.urandom(16).hex()
+        if not isinstance(job_id, str) or len(job_id) > 128:
+            raise invalid("job_id must be a string of at most 128 characters")
+        fingerprint = json.dumps(command)
+        job = self.jobs.get(job_id)
+        if job is not None:
+            if job.fingerprint != fingerprint:
+                raise HTTPError(
+                    409, "conflict", f"job_id {job_id} is already used by a different command"
+                )
+            await self.stream_job(req, job)
+            return
+        cwd = self.resolve(body.get("cwd") or self.workdir)
+        if not os.path.isdir(cwd):
+            what = "is not a directory" if os.path.exists(cwd) else "does not exist"
+            raise invalid(f"cwd {cwd} {what}")
+        env = {**self.base_env, **string_map(body.get("env"), "env")}
+        timeout = body.get("timeout")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+        ):
+            raise invalid("timeout must be a positive number of seconds")
+        max_output = body.get("max_output_bytes")
+        if max_output is None:
+            max_output = DEFAULT_MAX_OUTPUT
+        elif isinstance(max_output, bool) or not isinstance(max_output, int) or max_output < 0:
+            raise invalid("max_output_bytes must be a non-negative integer")
+        stdin = body.get("stdin")
+        data = None if stdin is None else decode_b64(stdin, "stdin")
+        job = self.jobs.add(job_id, fingerprint, max_output)
+        argv = build_argv(command, bool(body.get("login_shell")))
+        job.start(argv, cwd, env, float(timeout) if timeout else None, data)
+        await self.stream_job(req, job)
+
+    async def stream_job(self, req: Request, job: Job) -> None:
+        """Replay the job's events from the start, follow live output, end with ``x``."""
+        await req.discard_body()
+        req.start_chunked("application/x-ndjson")
+        events = job.events
+        sent = 0
+        while True:
+            if sent < len(events):
+                end = len(events)
+                req.write_chunk(b"".join(events[sent:end]))
+                sent = end
+                await req.writer.drain()
+            elif job.done:
+                break
+            else:
+                await job.changed()
+        req.end_chunked()
+        await req.writer.drain()
+
+    # files
+
+
+def parse_listen(value: str) -> tuple[str, str, int]:
+    """``unix:/path`` -> ("unix", path, 0); ``tcp:HOST:PORT`` -> ("tcp", host, port)."""
+    kind, _, rest = value.partition(":")
+    if kind == "unix" and rest.startswith("/"):
+        return "unix", rest, 0
+    if kind == "tcp":
+        host, _, port = rest.rpartition(":")
+        if host and port.isdigit() and 0 < int(port) < 65536:
+            return "tcp", host.strip("[]"), int(port)
+    raise ValueError(f"--listen {value!r} must be unix:/abs/path.sock or tcp:HOST:PORT")
+
+
+async def serve(listen: tuple[str, str, int], token: str | None, workdir: str) -> None:
+    loop = asyncio.get_running_loop()
+    agent = Agent(token, workdir)
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGCHLD, agent.procs.reap)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        os.makedirs(workdir, exist_ok=True)
+    except OSError as exc:
+        log(f"cannot create workdir {workdir}: {exc}")
+    kind, address, port = listen
+    if kind == "unix":
+        os.makedirs(os.path.dirname(address), exist_ok=True)
+        server = await asyncio.start_unix_server(
+            agent.handle, address, limit=MAX_HEADER_BYTES, backlog=1024
+        )
+        # Reach is governed by the directory the socket lives in, and every call needs the token.
+        os.chmod(address, 0o666)  # noqa: S103
+    else:
+        server = await asyncio.start_server(
+            agent.handle, address, port, limit=MAX_HEADER_BYTES, backlog=1024
+        )
+    log(f"version {AGENT_VERSION} listening on {kind}:{address}{f':{port}' if port else ''}")
+    try:
+        async with server:
+            await stop.wait()
+    finally:
+        agent.shutdown()
+        if kind == "unix":
+            with contextlib.suppress(OSError):
+                os.unlink(address)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="orchard-agent", description="Orchard sandbox agent")
+    parser.add_argument("--listen", required=True, help="unix:/path/agent.sock or tcp:HOST:PORT")
+    parser.add_argument(
+        "--no-auth", action="store_true", help="accept requests without a token (tests only)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        listen = parse_listen(args.listen)
+    except ValueError as exc:
+        parser.error(str(exc))
+    token = os.environ.get("ORCHARD_AGENT_TOKEN") or None
+    if token is None and not args.no_auth:
+        parser.error("ORCHARD_AGENT_TOKEN is not set (--no-auth runs without auth, for tests)")
+    workdir = os.environ.get("ORCHARD_AGENT_WORKDIR") or DEFAULT_WORKDIR
+
+    asyncio.run(serve(listen, None if args.no_auth else token, workdir))
+    return 0

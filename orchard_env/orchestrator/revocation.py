@@ -1,0 +1,69 @@
+"""Long-lived requests end when their API key is revoked.
+
+A PTY session or a streamed exec is authenticated once, when it opens. :class:`KeySessions`
+keeps an event per open session, by key, and sets it when the key is revoked: at once when
+the revocation goes through this service (``DELETE /keys/{id}``), and within
+:data:`REVOCATION_POLL_SECONDS` when another process writes it to the store (another
+orchestrator on the same database). The session then ends with an error naming the revocation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from orchard_env.orchestrator.auth import Caller
+from orchard_env.orchestrator.store import Store
+
+REVOCATION_POLL_SECONDS = 1.0
+
+
+class KeySessions:
+    def __init__(self, store: Store, *, poll_seconds: float = REVOCATION_POLL_SECONDS) -> None:
+        self._store = store
+        self._poll_seconds = poll_seconds
+        self._open: dict[str, set[asyncio.Event]] = {}
+        self._watcher: asyncio.Task[None] | None = None
+
+    @contextlib.asynccontextmanager
+    async def hold(self, caller: Caller) -> AsyncIterator[asyncio.Event]:
+        """An event set when ``caller``'s key is revoked, for as long as the block runs
+        (never set when authentication is off)."""
+        event = asyncio.Event()
+        key_id = caller.key_id
+        if key_id is None:
+            yield event
+            return
+        self._open.setdefault(key_id, set()).add(event)
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.create_task(self._watch(), name="key-revocations")
+        try:
+            yield event
+        finally:
+            events = self._open.get(key_id)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._open[key_id]
+
+    def revoked(self, key_id: str) -> None:
+        """End every open session of ``key_id``."""
+        for event in self._open.pop(key_id, set()):
+            event.set()
+
+    async def _watch(self) -> None:
+        """Notice revocations written by other processes, while sessions are open."""
+        while self._open:
+            await asyncio.sleep(self._poll_seconds)
+            for key_id in list(self._open):
+                record = await self._store.get_key(key_id)
+                if record is None or record.revoked_at is not None:
+                    self.revoked(key_id)
+
+    async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
