@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -129,11 +128,9 @@ class PoolService:
         record = await self._get(name)
         await self.store.delete_pool(name)
         self.sandboxes.pools_by_spec.pop(record.spec_key(), None)
-        filler = self._fillers.pop(name, None)
-        if filler is not None:
-            filler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await filler
+        filler = self._fillers.get(name)
+        if filler is not None:  # it stops once the creations under way are done
+            await self._stop([filler])
         info = await self._info(record)
         await self._drop_members(name, "its warm pool was removed")
         self._errors.pop(name, None)
@@ -260,10 +257,13 @@ class PoolService:
         """Stop filling: creations under way finish (a container started for a cancelled one
         would wait for the next start's reconciliation), for at most ``CLOSE_WAIT_SECONDS``."""
         self._closing = True
-        tasks = list(self._fillers.values())
+        await self._stop(list(self._fillers.values()))
+        self._fillers.clear()
+
+    @staticmethod
+    async def _stop(tasks: list[asyncio.Task[None]]) -> None:
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=CLOSE_WAIT_SECONDS)
             for task in pending:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        self._fillers.clear()
