@@ -41,12 +41,14 @@ _PLURALS = {
     "Pod": "pods",
     "Deployment": "deployments",
     "DaemonSet": "daemonsets",
+    "ClusterRole": "clusterroles",
+    "ClusterRoleBinding": "clusterrolebindings",
     "Role": "roles",
     "RoleBinding": "rolebindings",
     "NetworkPolicy": "networkpolicies",
     "PodDisruptionBudget": "poddisruptionbudgets",
 }
-_CLUSTER_SCOPED = frozenset({"Namespace"})
+_CLUSTER_SCOPED = frozenset({"Namespace", "ClusterRole", "ClusterRoleBinding"})
 # Fields the server changes on every write or owns: not what a deploy sets.
 _VOLATILE_METADATA = ("resourceVersion", "managedFields", "generation", "creationTimestamp", "uid")
 REQUEST_TIMEOUT = (10, 60)  # connect, read (seconds)

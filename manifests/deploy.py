@@ -42,7 +42,7 @@ from manifests.apply import (
     wait_load_balancer,
     wait_rollout,
 )
-from manifests.render import DeployValues, render, values_from_profile
+from manifests.render import DeployValues, nodes_role_name, render, values_from_profile
 from orchard_env.errors import BackendUnavailable, ConfigError
 from provision.base import Progress
 from provision.profile import DeploymentProfile
@@ -292,6 +292,15 @@ def undeploy(
             progress(f"deleting namespace {path.rsplit('/', 1)[-1]}")
             api.delete(path)
         wait_deleted(client, paths, timeout=timeout, interval=interval, progress=progress)
+        # The cluster-scoped objects outlive the namespaces: delete them too (only ours).
+        role = nodes_role_name(values.namespace)
+        for kind in ("ClusterRoleBinding", "ClusterRole"):
+            path = collection_path("rbac.authorization.k8s.io/v1", kind, None) + f"/{role}"
+            found = api.get(path)
+            labels = (found or {}).get("metadata", {}).get("labels", {})
+            if labels.get(MANAGED_BY) == COMMON_LABELS[MANAGED_BY]:
+                progress(f"deleting {kind.lower()} {role}")
+                api.delete(path)
     finally:
         client.close()
     return [path.rsplit("/", 1)[-1] for path in paths]

@@ -68,6 +68,8 @@ _SNAPSHOTTER_FILES = (
 # (NetworkPolicies) before the orchestrator that creates sandboxes starts.
 KIND_ORDER = (
     "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
     "ServiceAccount",
     "Role",
     "RoleBinding",
@@ -80,6 +82,8 @@ KIND_ORDER = (
     "Service",
     "PodDisruptionBudget",
 )
+CLUSTER_KINDS = frozenset({"Namespace", "ClusterRole", "ClusterRoleBinding"})
+NODES_ROLE = "orchard-nodes"  # + "-<service namespace>": cluster-scoped names are cluster-wide
 _RESERVED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
 
 
@@ -365,12 +369,23 @@ def _configure(objects: list[KubeObject], values: DeployValues) -> None:
     for binding in objects:
         if binding["kind"] == "RoleBinding" and binding["metadata"]["name"] == ORCHESTRATOR:
             binding["subjects"][0]["namespace"] = values.namespace
+    nodes_role = nodes_role_name(values.namespace)
+    _get(objects, "ClusterRole", NODES_ROLE)["metadata"]["name"] = nodes_role
+    nodes_binding = _get(objects, "ClusterRoleBinding", NODES_ROLE)
+    nodes_binding["metadata"]["name"] = nodes_role
+    nodes_binding["roleRef"]["name"] = nodes_role
+    nodes_binding["subjects"][0]["namespace"] = values.namespace
     agent = _get(objects, "NetworkPolicy", "orchard-agent-ingress")
     rule = agent["spec"]["ingress"][0]
     rule["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] = (
         values.namespace
     )
     rule["ports"][0]["port"] = values.agent_port
+
+
+def nodes_role_name(namespace: str) -> str:
+    """The ClusterRole (and its binding) letting a deployment's orchestrator list nodes."""
+    return f"{NODES_ROLE}-{namespace}"
 
 
 def _secret_volume(name: str, secret: str, *, optional: bool = False) -> KubeObject:
@@ -441,7 +456,7 @@ def render(values: DeployValues) -> list[KubeObject]:
         namespace = namespaces[role]
         if obj["kind"] == "Namespace":
             obj["metadata"]["name"] = namespace
-        else:  # name, then namespace, then the rest: as kubectl shows them
+        elif obj["kind"] not in CLUSTER_KINDS:  # name, namespace, the rest: as kubectl shows
             name = obj["metadata"].pop("name")
             obj["metadata"] = {"name": name, "namespace": namespace, **obj["metadata"]}
         objects.append(obj)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlsplit
 
@@ -171,4 +174,37 @@ def fork(
             workspace_mb=workspace_mb,
             progress=status.update,
         )
+    _emit(result, json_)
+
+
+@app.command()
+def cli(
+    n: Annotated[int, typer.Option("--n", help="Runs of each command.", min=1)] = 20,
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Start-up of `orchard --version`, `orchard sandbox list` and a TAB completion of a
+    sandbox id, each as a p50 ratio to a bare `python -c pass` timed in the same run."""
+    from orchard_env.bench_startup import bench_startup
+
+    settings = client_settings(url, api_key, context)
+    script = Path(sys.executable).with_name("orchard")
+    orchard = [str(script)] if script.is_file() else [sys.executable, "-m", "orchard_cli.main"]
+    env = {**os.environ, "ORCHARD_URL": settings.url}
+    if settings.api_key:
+        env["ORCHARD_API_KEY"] = settings.api_key
+    completion = {"_ORCHARD_COMPLETE": "complete_bash", "COMP_WORDS": "orchard sandbox get "}
+    commands = {
+        "orchard --version": [*orchard, "--version"],
+        "orchard sandbox list": [*orchard, "sandbox", "list"],
+        "orchard sandbox get <TAB>": [
+            "env",
+            *(f"{k}={v}" for k, v in {**completion, "COMP_CWORD": "3"}.items()),
+            *orchard,
+        ],
+    }
+    with err.status("CLI start-up benchmark") as status:
+        result = bench_startup(commands, n=n, env=env, progress=status.update)
     _emit(result, json_)

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import BaseModel
 from rich.console import Console
 
-from orchard_env.sdk import SandboxClient
+from orchard_cli import CLI_ERROR as CLI_ERROR
+
+if TYPE_CHECKING:
+    from orchard_env.sdk import SandboxClient
 
 out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 ContextOpt = Annotated[
     str | None,
@@ -38,21 +40,30 @@ ApiKeyOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON to stdout instead of a table.")]
+UseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--use",
+        help="Make the context written the current one (`orchard context use`). Without it "
+        "the current context changes only when there is none yet.",
+    ),
+]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+
+def encode(value: Any) -> Any:
+    """Plain data from pydantic models (and lists and dicts of them), JSON's types only."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, list | tuple):
+        return [encode(item) for item in value]
+    if isinstance(value, dict):
+        return {key: encode(item) for key, item in value.items()}
+    return value
 
 
 def print_json(data: Any) -> None:
     """Write JSON to stdout (pydantic models and lists of them included)."""
-
-    def encode(value: Any) -> Any:
-        if isinstance(value, BaseModel):
-            return value.model_dump(mode="json")
-        if isinstance(value, list | tuple):
-            return [encode(item) for item in value]
-        if isinstance(value, dict):
-            return {key: encode(item) for key, item in value.items()}
-        return value
-
     sys.stdout.write(json.dumps(encode(data), indent=2, default=str) + "\n")
 
 
@@ -62,11 +73,46 @@ def confirm(question: str, *, yes: bool) -> None:
         return
     if not sys.stdin.isatty():
         err.print(f"{question} Rerun with --yes to confirm (no terminal to ask on).")
-        raise typer.Exit(2)
+        raise typer.Exit(CLI_ERROR)
     if not typer.confirm(question, err=True):
-        raise typer.Exit(1)
+        raise typer.Exit(CLI_ERROR)
+
+
+def _ids(ctx: typer.Context, incomplete: str, kind: str) -> list[str]:
+    """Ids for shell completion, from the service the command line names so far; quietly
+    none when it cannot be asked (completion must never print mid-line)."""
+    from orchard_env.errors import OrchardError
+    from orchard_env.sdk import SandboxClient
+
+    params = ctx.params
+    try:
+        with SandboxClient(
+            base_url=params.get("url"),
+            api_key=params.get("api_key"),
+            context=params.get("context"),
+            auto_cleanup=False,
+            timeout=5,  # a TAB must not hang
+            retries=0,
+        ) as client:
+            if kind == "snapshot":
+                ids = [snap.snapshot_id for snap in client.list_snapshots()]
+            else:
+                ids = [sb.sandbox_id for sb in client.list_sandboxes()]
+    except OrchardError:
+        return []
+    return [i for i in ids if i.startswith(incomplete)]
+
+
+def complete_sandbox_ids(ctx: typer.Context, incomplete: str) -> list[str]:
+    return _ids(ctx, incomplete, "sandbox")
+
+
+def complete_snapshot_ids(ctx: typer.Context, incomplete: str) -> list[str]:
+    return _ids(ctx, incomplete, "snapshot")
 
 
 def connect(url: str | None, api_key: str | None, context: str | None) -> SandboxClient:
     """An SDK client for the resolved service. Sandboxes the CLI creates are kept on exit."""
+    from orchard_env.sdk import SandboxClient
+
     return SandboxClient(base_url=url, api_key=api_key, context=context, auto_cleanup=False)

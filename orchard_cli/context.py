@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from orchard_cli.console import JsonOpt, err, out, print_json
+from orchard_cli.console import JsonOpt, err, print_json
+from orchard_cli.output import Column, OutputOpt, QuietOpt, emit_list, emit_one, output_format
 from orchard_env import config
 from orchard_env.errors import ConfigError
 
@@ -21,20 +21,24 @@ def _redacted(values: dict[str, object]) -> dict[str, object]:
 
 
 @app.command("list")
-def list_(json_: JsonOpt = False) -> None:
-    """List contexts; the current one is marked."""
+def list_(output: OutputOpt = None, quiet: QuietOpt = False, json_: JsonOpt = False) -> None:
+    """List contexts; the current one is marked (the key is redacted)."""
+    fmt = output_format(output, json_=json_, quiet=quiet)
     data = config.load_config_file()
     current = data.get("current_context")
     contexts = data.get("contexts", {})
-    if json_:
-        print_json({"current": current, "contexts": {n: _redacted(v) for n, v in contexts.items()}})
+    if fmt in ("json", "yaml"):
+        shown = {"current": current, "contexts": {n: _redacted(v) for n, v in contexts.items()}}
+        emit_one(shown, fmt, kind="context", key="")
         return
-    table = Table("", "NAME", "URL", "TARGET")
-    for name, values in sorted(contexts.items()):
-        table.add_row(
-            "*" if name == current else "", name, values.get("url", ""), values.get("target", "")
-        )
-    out.print(table)
+    columns: tuple[Column[str], ...] = (
+        Column("CURRENT", lambda name: "*" if name == current else ""),
+        Column("NAME", lambda name: name),
+        Column("URL", lambda name: str(contexts[name].get("url", ""))),
+        Column("TARGET", lambda name: str(contexts[name].get("target", ""))),
+        Column("STATE DIR", lambda name: str(contexts[name].get("state_dir", "")), wide=True),
+    )
+    emit_list(sorted(contexts), columns, fmt, kind="context", key=lambda name: name)
 
 
 @app.command()

@@ -12,7 +12,7 @@ from manifests.deploy import deploy as deploy_service
 from manifests.deploy import dry_run
 from manifests.deploy import undeploy as undeploy_service
 from manifests.render import render, to_yaml, values_from_profile
-from orchard_cli.console import YesOpt, confirm, err, out
+from orchard_cli.console import UseOpt, YesOpt, confirm, err, out
 from orchard_env import config
 from orchard_env.errors import BackendUnavailable
 from provision.profile import DeploymentProfile, load_profile
@@ -97,6 +97,7 @@ def deploy(
     timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds to wait for the rollout.")
     ] = 300,
+    use: UseOpt = False,
 ) -> None:
     """Deploy Orchard to a Kubernetes cluster, or update it: server-side apply, then wait.
 
@@ -141,9 +142,12 @@ def deploy(
     err.print(f"[green]✓[/] {changed} changed, {len(result.applied) - changed} unchanged")
     name = context or profile.name
     if result.api_key is not None:
-        config.write_context(name, {"url": result.endpoint, "api_key": result.api_key})
+        current = config.write_context(
+            name, {"url": result.endpoint, "api_key": result.api_key}, make_current=use
+        )
         made = "a new admin key" if result.key_created else "the deployment's admin key"
-        err.print(f"[green]✓[/] context {name!r} written with {made} (now the current one)")
+        which = "now the current one" if current else f"`orchard context use {name}` selects it"
+        err.print(f"[green]✓[/] context {name!r} written with {made} ({which})")
     if result.port_forward:
         err.print("The service has no public address. In another terminal, run:")
         err.print(f"  {result.port_forward}", markup=False)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from orchard_cli.console import (
     ApiKeyOpt,
@@ -17,6 +16,10 @@ from orchard_cli.console import (
     out,
     print_json,
 )
+from orchard_cli.output import Column, OutputOpt, QuietOpt, emit_list, output_format, when
+
+if TYPE_CHECKING:
+    from orchard_env.protocol import KeyInfo
 
 app = typer.Typer(
     help="Create, list and revoke API keys (needs an admin key).", no_args_is_help=True
@@ -86,35 +89,39 @@ def create(
         )
 
 
+def _quota(key: KeyInfo) -> str:
+    limits = [
+        f"{key.max_sandboxes} sandboxes" if key.max_sandboxes else "",
+        f"{key.max_cpu:g} cpu" if key.max_cpu else "",
+        f"{key.max_memory} memory" if key.max_memory else "",
+    ]
+    return ", ".join(limit for limit in limits if limit) or "service default"
+
+
+KEY_COLUMNS: tuple[Column[KeyInfo], ...] = (
+    Column("KEY ID", lambda key: key.key_id),
+    Column("NAME", lambda key: key.name),
+    Column("ADMIN", lambda key: "yes" if key.admin else ""),
+    Column("QUOTA", lambda key: _quota(key)),
+    Column("CREATED", lambda key: when(key.created_at)),
+    Column("REVOKED", lambda key: when(key.revoked_at)),
+)
+
+
 @app.command("list")
 def list_(
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
     """List keys (never their secrets)."""
+    fmt = output_format(output, json_=json_, quiet=quiet)
     with connect(url, api_key, context) as client:
         keys = client.list_keys()
-    if json_:
-        print_json(keys)
-        return
-    table = Table("KEY ID", "NAME", "ADMIN", "QUOTA", "CREATED", "REVOKED")
-    for key in keys:
-        limits = [
-            f"{key.max_sandboxes} sandboxes" if key.max_sandboxes else "",
-            f"{key.max_cpu:g} cpu" if key.max_cpu else "",
-            f"{key.max_memory} memory" if key.max_memory else "",
-        ]
-        table.add_row(
-            key.key_id,
-            key.name,
-            "yes" if key.admin else "",
-            ", ".join(limit for limit in limits if limit) or "service default",
-            key.created_at.strftime("%Y-%m-%d %H:%M"),
-            key.revoked_at.strftime("%Y-%m-%d %H:%M") if key.revoked_at else "",
-        )
-    out.print(table)
+    emit_list(keys, KEY_COLUMNS, fmt, kind="key", key=lambda key: key.key_id)
 
 
 @app.command()

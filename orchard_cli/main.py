@@ -1,80 +1,59 @@
-"""Assembles the `orchard` app and owns the one error boundary."""
+"""The `orchard` entry point and its one error boundary. The app itself (orchard_cli.app) is
+imported here only when a command runs, so `orchard --version` starts no faster path than
+the interpreter's own."""
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
-import typer
-from rich.text import Text
-
-from orchard_cli import (
-    bench,
-    context,
-    cost,
-    deploy,
-    images,
-    init,
-    keys,
-    pool,
-    sandbox,
-    service,
-    smoke,
-    snapshot,
-)
-from orchard_cli.console import err
-from orchard_env import __version__
-from orchard_env.errors import OrchardError
-
-app = typer.Typer(
-    name="orchard",
-    help="Sandboxes for training and evaluating AI agents.",
-    no_args_is_help=True,
-    rich_markup_mode="rich",
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-service.register(app)
-deploy.register(app)
-init.register(app)
-app.add_typer(sandbox.app, name="sandbox", rich_help_panel="Sandboxes")
-app.add_typer(snapshot.app, name="snapshot", rich_help_panel="Sandboxes")
-app.add_typer(pool.app, name="pool", rich_help_panel="Sandboxes")
-app.add_typer(keys.app, name="keys", rich_help_panel="Service")
-app.add_typer(context.app, name="context", rich_help_panel="Service")
-app.add_typer(images.app, name="images", rich_help_panel="Service")
-smoke.register(app)
-app.add_typer(bench.app, name="bench", rich_help_panel="Checks")
-app.add_typer(cost.app, name="cost", rich_help_panel="Cost")
+from orchard_cli import CLI_ERROR, version_line
 
 
-def _version(value: bool) -> None:
-    if value:
-        sys.stdout.write(f"orchard {__version__}\n")
-        raise typer.Exit()
+def __getattr__(name: str) -> Any:
+    """``app`` (for tests and typer's doc generator) is built on first use."""
+    if name == "app":
+        from orchard_cli.app import app
+
+        return app
+    raise AttributeError(name)
 
 
-@app.callback()
-def _root(
-    version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
-    ),
-) -> None:
-    """Sandboxes for training and evaluating AI agents."""
+def __dir__() -> list[str]:
+    return [*globals(), "app"]
+
+
+def _error(message: str, hint: str | None = None) -> None:
+    from rich.text import Text
+
+    from orchard_cli.console import err
+
+    err.print(Text.assemble(("Error: ", "bold red"), message))
+    if hint:
+        err.print(Text.assemble(("Hint: ", "dim"), hint))
 
 
 def main() -> None:
-    """Entry point: user mistakes print a message and a hint, never a traceback."""
+    """Entry point: user mistakes print a message and a hint, never a traceback; errors of
+    the CLI itself exit 125 (docker's convention), so they never pass for a command's code."""
+    if sys.argv[1:] == ["--version"]:  # the one answer that needs no command-line parser
+        sys.stdout.write(version_line())
+        sys.exit(0)
+    import typer
+
+    from orchard_cli.app import app
+    from orchard_cli.console import err
+    from orchard_env.errors import OrchardError
+
     debug = os.environ.get("ORCHARD_DEBUG") == "1"
     try:
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="orchard")
     except OrchardError as exc:
         if debug:
             raise
-        err.print(Text.assemble(("Error: ", "bold red"), exc.message))
-        if exc.hint:
-            err.print(Text.assemble(("Hint: ", "dim"), exc.hint))
-        sys.exit(1)
+        _error(exc.message, exc.hint)
+        sys.exit(CLI_ERROR)
     except (typer.Abort, KeyboardInterrupt):
         err.print("Interrupted.")
         sys.exit(130)
@@ -82,7 +61,24 @@ def main() -> None:
         show = getattr(exc, "show", None)
         if callable(show):
             show()
-        sys.exit(int(getattr(exc, "exit_code", 2)))
+        sys.exit(CLI_ERROR)
+    except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, like a pipe does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
+    except OSError as exc:  # a local file or terminal the command needed
+        if debug:
+            raise
+        where = f": {exc.filename}" if exc.filename else ""
+        _error(f"{exc.strerror or exc}{where}", "check the path and its permissions")
+        sys.exit(CLI_ERROR)
+    except Exception as exc:  # a bug: still one line, the traceback on request
+        if debug:
+            raise
+        _error(
+            f"internal error: {type(exc).__name__}: {exc}",
+            "rerun with ORCHARD_DEBUG=1 for the traceback, and report it",
+        )
+        sys.exit(CLI_ERROR)
     sys.exit(code if isinstance(code, int) else 0)
 
 

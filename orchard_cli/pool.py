@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from orchard_cli.console import (
     ApiKeyOpt,
@@ -17,6 +16,7 @@ from orchard_cli.console import (
     out,
     print_json,
 )
+from orchard_cli.output import Column, OutputOpt, QuietOpt, emit_list, output_format, pairs
 from orchard_cli.sandbox import EnvOpt, _pairs
 from orchard_env.protocol import PoolInfo
 from orchard_env.smoke import DEFAULT_IMAGE
@@ -30,21 +30,20 @@ NameArg = Annotated[str, typer.Argument(help="Pool name (DNS label).", show_defa
 SizeArg = Annotated[int, typer.Argument(help="Ready sandboxes to keep.", show_default=False)]
 
 
-def _table(pools: list[PoolInfo]) -> Table:
-    table = Table("NAME", "SIZE", "READY", "STARTING", "IMAGE", "CPU", "MEMORY", "NETWORK", "ERROR")
-    for pool in pools:
-        table.add_row(
-            pool.name,
-            str(pool.size),
-            str(pool.ready),
-            str(pool.starting),
-            pool.image,
-            pool.cpu,
-            pool.memory,
-            "blocked" if pool.block_network else "open",
-            pool.error or "",
-        )
-    return table
+POOL_COLUMNS: tuple[Column[PoolInfo], ...] = (
+    Column("NAME", lambda p: p.name),
+    Column("SIZE", lambda p: str(p.size)),
+    Column("READY", lambda p: str(p.ready)),
+    Column("STARTING", lambda p: str(p.starting)),
+    Column("IMAGE", lambda p: p.image),
+    Column("CPU", lambda p: p.cpu),
+    Column("MEMORY", lambda p: p.memory),
+    Column("NETWORK", lambda p: "blocked" if p.block_network else "open"),
+    Column("TTL", lambda p: f"{p.ttl_seconds}s", wide=True),
+    Column("WORKDIR", lambda p: p.workdir, wide=True),
+    Column("ENV", lambda p: pairs(p.env), wide=True),
+    Column("ERROR", lambda p: p.error or ""),
+)
 
 
 @app.command()
@@ -91,18 +90,18 @@ def create(
 
 @app.command("list")
 def list_(
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
     """List pools: their size, how many are ready, and why a refill failed."""
+    fmt = output_format(output, json_=json_, quiet=quiet)
     with connect(url, api_key, context) as client:
         pools = client.list_pools()
-    if json_:
-        print_json(pools)
-    else:
-        out.print(_table(pools))
+    emit_list(pools, POOL_COLUMNS, fmt, kind="pool", key=lambda pool: pool.name)
 
 
 @app.command()

@@ -2,32 +2,51 @@
 
 from __future__ import annotations
 
+import contextlib
+import shlex
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 
 from orchard_cli.console import (
+    CLI_ERROR,
     ApiKeyOpt,
     ContextOpt,
     JsonOpt,
     UrlOpt,
     YesOpt,
+    complete_sandbox_ids,
     confirm,
     connect,
     err,
     out,
     print_json,
 )
+from orchard_cli.output import (
+    Column,
+    OutputOpt,
+    QuietOpt,
+    emit_list,
+    emit_one,
+    output_format,
+    pairs,
+    when,
+)
 from orchard_env.errors import InvalidRequest
-from orchard_env.protocol import SandboxInfo
 from orchard_env.smoke import DEFAULT_IMAGE
+
+if TYPE_CHECKING:
+    from orchard_env.protocol import FileEntry, SandboxInfo
 
 app = typer.Typer(help="Create, drive and delete sandboxes.", no_args_is_help=True)
 
-IdArg = Annotated[str, typer.Argument(help="Sandbox id.", show_default=False)]
+IdArg = Annotated[
+    str,
+    typer.Argument(help="Sandbox id.", show_default=False, autocompletion=complete_sandbox_ids),
+]
 LabelOpt = Annotated[
     list[str] | None, typer.Option("--label", "-l", help="Label KEY=VALUE (repeatable).")
 ]
@@ -48,22 +67,30 @@ def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
     return pairs
 
 
-def _table(sandboxes: list[SandboxInfo]) -> Table:
-    table = Table("STATUS", "IMAGE", "CPU", "MEMORY", "NETWORK", "LABELS", "CREATED")
-    table.add_column("ID", no_wrap=True)
-    table.columns.insert(0, table.columns.pop())
-    for sb in sandboxes:
-        table.add_row(
-            sb.sandbox_id,
-            sb.status.value,
-            sb.image,
-            sb.cpu,
-            sb.memory,
-            "blocked" if sb.block_network else "open",
-            ",".join(f"{k}={v}" for k, v in sb.labels.items()),
-            sb.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-        )
-    return table
+SANDBOX_COLUMNS: tuple[Column[SandboxInfo], ...] = (
+    Column("ID", lambda sb: sb.sandbox_id),
+    Column("STATUS", lambda sb: sb.status.value),
+    Column("IMAGE", lambda sb: sb.image),
+    Column("CPU", lambda sb: sb.cpu),
+    Column("MEMORY", lambda sb: sb.memory),
+    Column("NETWORK", lambda sb: "blocked" if sb.block_network else "open"),
+    Column("LABELS", lambda sb: pairs(sb.labels)),
+    Column("CREATED", lambda sb: when(sb.created_at)),
+    Column("EXPIRES", lambda sb: when(sb.expires_at), wide=True),
+    Column("LAST ACTIVITY", lambda sb: when(sb.last_activity_at), wide=True),
+    Column("SNAPSHOT", lambda sb: sb.source_snapshot or "", wide=True),
+    Column("OWNER", lambda sb: sb.owner or "", wide=True),
+    Column("BACKEND", lambda sb: sb.backend, wide=True),
+    Column("MESSAGE", lambda sb: sb.status_message, wide=True),
+)
+
+
+FILE_COLUMNS: tuple[Column[FileEntry], ...] = (
+    Column("TYPE", lambda entry: entry.type),
+    Column("SIZE", lambda entry: str(entry.size)),
+    Column("MODIFIED", lambda entry: when(entry.modified)),
+    Column("NAME", lambda entry: entry.name),
+)
 
 
 @app.command()
@@ -87,7 +114,14 @@ def create(
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """Create a sandbox, wait until it is ready and print its id."""
+    """Create a sandbox, wait until it is ready and print its id.
+
+    Quantities are Kubernetes': --memory 8G is 8x10^9 bytes (7.45 GiB), 8Gi is 8 GiB;
+    --cpu 500m is half a core. The parsed values are echoed on stderr.
+    """
+    labels, variables = _pairs(label, "label"), _pairs(env, "env")
+    for line in _quantities(cpu, memory):
+        err.print(line)
     with connect(url, api_key, context) as client, err.status(f"creating a sandbox from {image}"):
         sb = client.create_sandbox(
             image,
@@ -95,8 +129,8 @@ def create(
             sandbox_id=sandbox_id,
             cpu=cpu,
             memory=memory,
-            labels=_pairs(label, "label"),
-            env=_pairs(env, "env"),
+            labels=labels,
+            env=variables,
             workdir=workdir,
             ttl_seconds=ttl,
             idle_timeout_seconds=idle_timeout,
@@ -107,42 +141,61 @@ def create(
         out.print(sb.sandbox_id)
 
 
+def _binary(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.2f} {unit}"
+    return f"{size} bytes"
+
+
+def _quantities(cpu: str | None, memory: str | None) -> list[str]:
+    """What the quantities mean, as the service will read them (``memory 8G = 7.45 GiB``);
+    a value that does not parse is left to the service's 400, which names the field."""
+    from orchard_env.protocol import parse_cpu, parse_memory
+
+    lines = []
+    with contextlib.suppress(ValueError):
+        if memory is not None:
+            lines.append(f"memory {memory} = {_binary(parse_memory(memory))}")
+    with contextlib.suppress(ValueError):
+        if cpu is not None:
+            cores = parse_cpu(cpu)
+            lines.append(f"cpu {cpu} = {cores:g} core{'' if cores == 1 else 's'}")
+    return lines
+
+
 @app.command("list")
 def list_(
     label: LabelOpt = None,
     status: Annotated[str | None, typer.Option("--status", help="Only this status.")] = None,
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
     """List sandboxes, filtered by label and status."""
+    fmt = output_format(output, json_=json_, quiet=quiet)
     with connect(url, api_key, context) as client:
         sandboxes = client.list_sandboxes(labels=_pairs(label, "label") or None, status=status)
-    if json_:
-        print_json(sandboxes)
-    else:
-        out.print(_table(sandboxes))
+    emit_list(sandboxes, SANDBOX_COLUMNS, fmt, kind="sandbox", key=lambda sb: sb.sandbox_id)
 
 
 @app.command()
 def get(
     sandbox_id: IdArg,
+    output: OutputOpt = None,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
     """Show one sandbox."""
+    fmt = output_format(output, json_=json_)
     with connect(url, api_key, context) as client:
         info = client.get_sandbox(sandbox_id).info
-    if json_:
-        print_json(info)
-        return
-    table = Table(show_header=False, box=None)
-    for key, value in info.model_dump(mode="json").items():
-        table.add_row(key, "" if value is None else str(value))
-    out.print(table)
+    emit_one(info, fmt, kind="sandbox", key=info.sandbox_id)
 
 
 @app.command("exec")
@@ -165,38 +218,98 @@ def exec_(
         bool,
         typer.Option("--stdin", "-s", help="Send this command's standard input to the command."),
     ] = False,
+    job_id: Annotated[
+        str | None,
+        typer.Option(
+            "--job-id",
+            help="Job id. Given the id of a job still known, with the same command, exec "
+            "re-attaches to it and replays its output instead of starting it again.",
+            show_default=False,
+        ),
+    ] = None,
+    detach_on_interrupt: Annotated[
+        bool,
+        typer.Option(
+            "--detach-on-interrupt",
+            help="On Ctrl-C keep the command running (and say how to re-attach) instead of "
+            "cancelling it.",
+        ),
+    ] = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """Run a command, stream its output, and exit with its exit code (124 on timeout)."""
+    """Run a command, stream its output, and exit with its exit code: 124 on timeout, 128+n
+    when a signal n killed it (137 for SIGKILL), 125 for an error of orchard itself.
+
+    Ctrl-C cancels the command in the sandbox (exit 130) and prints its job id;
+    --detach-on-interrupt leaves it running instead.
+    """
     argv: str | list[str] = command[0] if len(command) == 1 else command
     data = sys.stdin.buffer.read() if stdin else None
+    started: str | None = job_id
     with connect(url, api_key, context) as client:
         sandbox = client.get_sandbox(sandbox_id)
         final = None
-        for event in sandbox.exec_stream(
-            argv, cwd=cwd, env=_pairs(env, "env"), timeout=timeout, login_shell=login, stdin=data
-        ):
-            if event.event == "stdout" and event.data:
-                sys.stdout.write(event.data)
-                sys.stdout.flush()
-            elif event.event == "stderr" and event.data:
-                sys.stderr.write(event.data)
-                sys.stderr.flush()
-            elif event.event == "exit":
-                final = event.job
+        events = sandbox.exec_stream(
+            argv,
+            cwd=cwd,
+            env=_pairs(env, "env"),
+            timeout=timeout,
+            login_shell=login,
+            stdin=data,
+            shell=isinstance(argv, str),  # several words: an exact argv, as docker exec runs it
+            job_id=job_id,
+            cancel_on_interrupt=not detach_on_interrupt,
+        )
+        try:
+            for event in events:
+                if event.event == "started":
+                    started = event.job_id
+                elif event.event == "stdout" and event.data:
+                    sys.stdout.write(event.data)
+                    sys.stdout.flush()
+                elif event.event == "stderr" and event.data:
+                    sys.stderr.write(event.data)
+                    sys.stderr.flush()
+                elif event.event == "exit":
+                    final = event.job
+        except KeyboardInterrupt:
+            _interrupted(sandbox_id, started, command, detach_on_interrupt)
+            raise typer.Exit(130) from None
     if final is None:
         err.print("[red]The output stream ended without an exit status.[/]")
-        raise typer.Exit(1)
+        raise typer.Exit(CLI_ERROR)
     if final.truncated:
         err.print("[yellow]Output was truncated at the service's cap.[/]")
     if final.timed_out:
         err.print(f"[red]Timed out after {timeout} s.[/]")
         raise typer.Exit(124)
     if final.error:
-        err.print(f"[red]{final.error}[/]")
-    raise typer.Exit(final.exit_code if final.exit_code is not None else 1)
+        err.print(f"[red]{escape(final.error)}[/]")
+    raise typer.Exit(exit_status(final.exit_code))
+
+
+def exit_status(code: int | None) -> int:
+    """A remote exit code as a shell reports it: -n (killed by signal n) is 128+n."""
+    if code is None:
+        return CLI_ERROR
+    return 128 - code if code < 0 else code
+
+
+def _interrupted(sandbox_id: str, job_id: str | None, command: list[str], detached: bool) -> None:
+    if job_id is None:
+        err.print("Interrupted before the command started.")
+        return
+    again = shlex.join(["orchard", "sandbox", "exec", sandbox_id, "--job-id", job_id, "--"])
+    again += " " + shlex.join(command)
+    if detached:
+        err.print(f"Detached: job {job_id} keeps running. Re-attach with:\n  {again}")
+    else:
+        err.print(
+            f"Interrupted: job {job_id} was cancelled in the sandbox "
+            "(--detach-on-interrupt keeps a command running instead)."
+        )
 
 
 @app.command()
@@ -215,7 +328,15 @@ def shell(
 
     with connect(url, api_key, context) as client:
         code = run_interactive(client.get_sandbox(sandbox_id), cmd, login_shell=login)
-    raise typer.Exit(code)
+    raise typer.Exit(exit_status(code))
+
+
+def _read_local(path: Path, what: str) -> str:
+    if not path.exists():
+        raise InvalidRequest(f"{what} {path} does not exist", hint="check the path")
+    if path.is_dir():
+        raise InvalidRequest(f"{what} {path} is a directory", hint="give a file")
+    return path.read_text()
 
 
 def _split_remote(spec: str) -> tuple[str | None, str]:
@@ -228,14 +349,25 @@ def _split_remote(spec: str) -> tuple[str | None, str]:
 @app.command()
 def cp(
     source: Annotated[
-        str, typer.Argument(help="LOCAL_PATH or SANDBOX:PATH ('-' is stdin/stdout).")
+        str, typer.Argument(help="LOCAL_PATH, SANDBOX:PATH, or '-' (a tar stream on stdin).")
     ],
-    dest: Annotated[str, typer.Argument(help="LOCAL_PATH or SANDBOX:PATH.")],
+    dest: Annotated[
+        str, typer.Argument(help="LOCAL_PATH, SANDBOX:PATH, or '-' (a tar stream on stdout).")
+    ],
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """Copy a file into or out of a sandbox (binary-safe, streamed)."""
+    """Copy files or directories into or out of a sandbox, like `docker cp`.
+
+    Directories are copied recursively. A destination that ends in / or is an existing
+    directory receives the source under its own name; SRC/. copies a directory's contents.
+    '-' as the source reads a tar archive from stdin and extracts it into a sandbox
+    directory; '-' as the destination writes the sandbox path to stdout as a tar archive.
+    Symlinks and special files are skipped (and named).
+    """
+    from orchard_env.sdk import copy
+
     src_id, src_path = _split_remote(source)
     dst_id, dst_path = _split_remote(dest)
     if (src_id is None) == (dst_id is None):
@@ -247,45 +379,40 @@ def cp(
         if dst_id is not None:
             sandbox = client.get_sandbox(dst_id)
             if src_path == "-":
-                sandbox.upload_content(sys.stdin.buffer.read(), dst_path)
+                report = copy.tar_in(sandbox, sys.stdin.buffer, dst_path)
             else:
-                local = Path(src_path)
-                if not local.is_file():
-                    raise InvalidRequest(f"{src_path} is not a file", hint="cp copies single files")
-                sandbox.upload_file(local, dst_path)
+                report = copy.copy_in(sandbox, src_path, dst_path)
+            where = f"{dst_id}:{dst_path}"
         else:
             assert src_id is not None
             sandbox = client.get_sandbox(src_id)
             if dst_path == "-":
-                sys.stdout.buffer.write(sandbox.download_content(src_path))
+                report = copy.tar_out(sandbox, src_path, sys.stdout.buffer)
+                sys.stdout.buffer.flush()
             else:
-                target = Path(dst_path)
-                if target.is_dir():
-                    target = target / Path(src_path).name
-                sandbox.download_file(src_path, target)
+                report = copy.copy_out(sandbox, src_path, dst_path)
+            where = "stdout" if dst_path == "-" else dst_path
+    for path in report.skipped:
+        err.print(f"[yellow]skipped[/] {escape(path)} (not a regular file or directory)")
+    err.print(f"Copied {report.files} file(s), {report.bytes} bytes, to {escape(where)}.")
 
 
 @app.command()
 def ls(
     sandbox_id: IdArg,
     path: Annotated[str, typer.Argument(help="Directory in the sandbox.")] = "/workspace",
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """List a directory in a sandbox."""
+    """List a directory in a sandbox (-q: names only)."""
+    fmt = output_format(output, json_=json_, quiet=quiet)
     with connect(url, api_key, context) as client:
         entries = client.get_sandbox(sandbox_id).list_files(path)
-    if json_:
-        print_json(entries)
-        return
-    table = Table("TYPE", "SIZE", "MODIFIED", "NAME", box=None)
-    for entry in entries:
-        table.add_row(
-            entry.type, str(entry.size), entry.modified.strftime("%Y-%m-%d %H:%M"), entry.name
-        )
-    out.print(table)
+    emit_list(entries, FILE_COLUMNS, fmt, kind="file", key=lambda entry: entry.name)
 
 
 @app.command()
@@ -303,7 +430,7 @@ def patch(
     context: ContextOpt = None,
 ) -> None:
     """Apply a patch with git apply inside the sandbox."""
-    text = sys.stdin.read() if patch_file == "-" else Path(patch_file).read_text()
+    text = sys.stdin.read() if patch_file == "-" else _read_local(Path(patch_file), "patch file")
     with connect(url, api_key, context) as client:
         result = client.get_sandbox(sandbox_id).apply_patch(
             text, cwd=cwd, check=check, three_way=three_way, reverse=reverse
@@ -358,7 +485,9 @@ def fork(
 
 @app.command()
 def rm(
-    sandbox_ids: Annotated[list[str] | None, typer.Argument(help="Sandbox ids.")] = None,
+    sandbox_ids: Annotated[
+        list[str] | None, typer.Argument(help="Sandbox ids.", autocompletion=complete_sandbox_ids)
+    ] = None,
     all_: Annotated[
         bool, typer.Option("--all", help="Delete every sandbox matching --label.")
     ] = False,
@@ -375,7 +504,9 @@ def rm(
             ids += [
                 sb.sandbox_id for sb in client.list_sandboxes(labels=_pairs(label, "label") or None)
             ]
-            confirm(f"Delete {len(ids)} sandbox(es)?", yes=yes)
+            where = client.base_url + (f" (context {client.context})" if client.context else "")
+            listed = ", ".join(ids) if ids else "none"
+            confirm(f"Delete {len(ids)} sandbox(es) at {where}: {listed}?", yes=yes)
         if not ids:
             raise InvalidRequest(
                 "no sandbox given", hint="orchard sandbox rm <id>… or --all [--label k=v]"

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from orchard_cli.console import JsonOpt, YesOpt, confirm, err, out, print_json
+from orchard_cli.console import JsonOpt, UseOpt, YesOpt, confirm, err, out, print_json
 from orchard_env import config
 from orchard_env.config import service_settings
 from orchard_env.errors import ConfigError, InvalidRequest
@@ -56,7 +56,8 @@ ContextNameOpt = Annotated[
     str | None,
     typer.Option(
         "--context",
-        help="Name of the CLI context to write or use. Default: local, or the profile's name.",
+        help="The CLI context to act on (up: to write). Default: ORCHARD_CONTEXT, else the "
+        "current context, else local (or the profile's name).",
         show_default=False,
     ),
 ]
@@ -70,16 +71,32 @@ _MARKS = {
 }
 
 
-def _cluster(
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    """What up, down and status act on: a cluster deployment, or else the local service."""
+
+    cluster: ClusterDeployment | None
+    local: LocalProvider | None
+
+
+def _target(
     target: str | None,
     profile_path: Path | None,
     state_dir: str | None,
     context: str | None,
+    port: int | None = None,
     *,
+    creating: bool = False,
     consent: bool = False,
     smoke: bool = True,
-) -> ClusterDeployment | None:
-    """The cluster deployment the options name, or None for the local target."""
+    use: bool = False,
+) -> _Target:
+    """Resolve the target once, for every service command, from one precedence: --context >
+    ORCHARD_CONTEXT > the current context > the default (``local``, or the profile's name).
+    A context's recorded target, state dir and port are used unless a flag says otherwise; a
+    flag that contradicts a context named explicitly is refused."""
+    choice = config.choose_context(config.load_config_file(), context, must_exist=not creating)
+    recorded = str(choice.values.get("target", "local")) if choice.exists else None
     profile: DeploymentProfile | None = None
     if profile_path is not None:
         profile = load_profile(profile_path)
@@ -90,9 +107,24 @@ def _cluster(
                 hint="drop --target, or set target in the profile",
             )
         target = profile.target
+    if target is None and recorded is not None:
+        target = recorded
     target = check_target(target or "local")
+    if recorded is not None and recorded != target:
+        if choice.source in ("--context", "ORCHARD_CONTEXT"):
+            raise ConfigError(
+                f"context {choice.name!r} (from {choice.source}) is a deployment on {recorded}, "
+                f"not {target}",
+                hint="drop --target/--profile, or name another context",
+            )
+        choice = config.ContextChoice(None, {}, "default")  # the current one is another kind
     if target == "local":
-        return None
+        if choice.name is None:
+            choice = config.ContextChoice(DEFAULT_CONTEXT, {}, "default")
+        provider = LocalProvider.for_context(
+            choice, port=port, state_dir=state_dir, make_current=use
+        )
+        return _Target(None, provider)
     if profile is None and DEFAULT_PROFILE.is_file():
         profile_path = DEFAULT_PROFILE
         profile = load_profile(profile_path)
@@ -104,31 +136,35 @@ def _cluster(
             )
         err.print(f"Using the profile {profile_path}.")
     if profile is None:
+        if choice.exists:
+            raise ConfigError(
+                f"context {choice.name!r} is a deployment on {target} and no profile says which",
+                hint="pass --profile FILE (the one `orchard up` used)",
+            )
         err.print(
             f"No profile: using the defaults for {target} "
             f"(`orchard init --target {target}` writes them to {DEFAULT_PROFILE} to edit)."
         )
         profile = parse_profile({"target": target}, source="the default profile")
+    name = choice.name
+    if choice.source == "current context" and name != profile.name:
+        name = None  # the current context names a deployment only if it is this profile's
     resume = ["orchard", "up"]
     resume += ["--profile", str(profile_path)] if profile_path else ["--target", target]
     if state_dir:
         resume += ["--state-dir", state_dir]
-    if context:
-        resume += ["--context", context]
-    return ClusterDeployment(
+    if name:
+        resume += ["--context", name]
+    deployment = ClusterDeployment(
         profile,
         state_dir=Path(state_dir) if state_dir else config.state_dir(),
-        context=context,
+        context=name,
         resume_command=shlex.join(resume),
         consent=consent,
         smoke=smoke,
+        make_current=use,
     )
-
-
-def _local(port: int | None, state_dir: str | None, context: str | None) -> LocalProvider:
-    return LocalProvider(
-        service_settings(port=port, state_dir=state_dir), context=context or DEFAULT_CONTEXT
-    )
+    return _Target(deployment, None)
 
 
 # --- up ----------------------------------------------------------------------------------------
@@ -186,17 +222,28 @@ def up(
             "--yes", "-y", help="kubeconfig target: let Orchard label and taint sandbox nodes."
         ),
     ] = False,
+    use: UseOpt = False,
     json_: JsonOpt = False,
 ) -> None:
-    """Stand Orchard up: provision, images, deploy, smoke. Safe to re-run; resumes a failure."""
-    deployment = _cluster(target, profile, state_dir, context, consent=yes, smoke=smoke)
+    """Stand Orchard up: provision, images, deploy, smoke. Safe to re-run; resumes a failure.
+
+    The service is the one --context names (else ORCHARD_CONTEXT, else the current context,
+    else `local`). Its context is written with the URL and an admin key; it becomes the
+    current context only with --use or when there is no current context yet (like
+    `kubectl config set-context`), and up says which it is.
+    """
+    resolved = _target(
+        target, profile, state_dir, context, port, creating=True, consent=yes, smoke=smoke, use=use
+    )
+    deployment = resolved.cluster
     if deployment is None:
         if plan or from_stage:
             raise InvalidRequest(
                 "--plan and --from are for the aks and kubeconfig targets",
                 hint="the local target creates nothing billable and checks every stage itself",
             )
-        _up_local(port, state_dir, context, smoke)
+        assert resolved.local is not None
+        _up_local(resolved.local, smoke)
         return
     if plan:
         with err.status("reading what exists (nothing is changed)"):
@@ -224,8 +271,7 @@ def up(
     out.print(outcome.url)
 
 
-def _up_local(port: int | None, state_dir: str | None, context: str | None, smoke: bool) -> None:
-    provider = _local(port, state_dir, context)
+def _up_local(provider: LocalProvider, smoke: bool) -> None:
     with err.status("starting") as status:
         result = provider.up(lambda message: status.update(message), smoke=smoke)
     for stage in result.stages:
@@ -319,11 +365,21 @@ def down(
     yes: YesOpt = False,
 ) -> None:
     """Take Orchard down: locally, stop it and delete its sandboxes (the records stay); on
-    AKS, delete what `up` created; on a cluster, delete its namespaces."""
-    deployment = _cluster(target, profile, state_dir, context)
+    AKS, delete what `up` created; on a cluster, delete its namespaces.
+
+    It acts on the context --context names (else ORCHARD_CONTEXT, else the current one), says
+    what it will stop and delete (URL, state dir, pid, sandboxes, context) and asks first. A
+    process is stopped only if it is the orchestrator of that context's state dir.
+    """
+    resolved = _target(target, profile, state_dir, context, port)
+    deployment = resolved.cluster
     if deployment is None:
-        provider = _local(port, state_dir, context)
-        confirm("Stop Orchard (local) and delete all of its sandboxes?", yes=yes)
+        assert resolved.local is not None
+        provider = resolved.local
+        with err.status("reading what exists"):
+            plan = provider.down_plan()
+        err.print(f"Orchard (local, context {plan.context!r}): {plan.describe()}.", soft_wrap=True)
+        confirm("Take it down?", yes=yes)
         with err.status("stopping") as status:
             provider.down(lambda message: status.update(message))
         err.print("[green]✓[/] Orchard is down.")
@@ -334,6 +390,7 @@ def down(
         err.print(f"Nothing of {deployment.profile.name!r} exists on {deployment.target}.")
     for line in _change_lines(changes):
         err.print(line, soft_wrap=True)
+    err.print(f"The context {deployment.context!r} is removed too.", soft_wrap=True)
     confirm(f"Delete Orchard {deployment.profile.name!r} ({deployment.target})?", yes=yes)
     with err.status("deleting") as status:
         deployment.down(lambda message: status.update(escape(message)), changes)
@@ -348,11 +405,15 @@ def status(
     context: ContextNameOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Show whether the service runs, where, and (locally) how many sandboxes it has."""
-    deployment = _cluster(target, profile, state_dir, context)
-    state: ServiceStatus = (
-        _local(port, state_dir, context).status() if deployment is None else deployment.status()
-    )
+    """Show whether the service runs, where, and (locally) how many sandboxes it has.
+
+    The service is the one --context names (else ORCHARD_CONTEXT, else the current context,
+    else `local`); its key is sent to that service only. Exits 3 when it is not running.
+    """
+    resolved = _target(target, profile, state_dir, context, port)
+    provider = resolved.cluster or resolved.local
+    assert provider is not None
+    state: ServiceStatus = provider.status()
     if json_:
         print_json(
             {"target": state.target, "running": state.running, "url": state.url, **state.detail}

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
@@ -16,22 +15,41 @@ from orchard_cli.console import (
     JsonOpt,
     UrlOpt,
     YesOpt,
+    complete_sandbox_ids,
+    complete_snapshot_ids,
     confirm,
     connect,
     err,
     out,
     print_json,
 )
+from orchard_cli.output import (
+    Column,
+    OutputOpt,
+    QuietOpt,
+    emit_list,
+    emit_one,
+    output_format,
+    pairs,
+    when,
+)
 from orchard_cli.sandbox import EnvOpt, LabelOpt, _pairs
 from orchard_env.errors import SnapshotNotFound
-from orchard_env.protocol import SandboxInfo, Snapshot
+
+if TYPE_CHECKING:
+    from orchard_env.protocol import SandboxInfo, Snapshot
 
 app = typer.Typer(
     help="Snapshots of sandboxes' filesystems: take, restore, list, delete, draw the tree.",
     no_args_is_help=True,
 )
 
-SnapshotArg = Annotated[str, typer.Argument(help="Snapshot id (snap-…).", show_default=False)]
+SnapshotArg = Annotated[
+    str,
+    typer.Argument(
+        help="Snapshot id (snap-…).", show_default=False, autocompletion=complete_snapshot_ids
+    ),
+]
 
 
 def _size(size: int) -> str:
@@ -43,13 +61,16 @@ def _size(size: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _labels(labels: dict[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in labels.items())
-
-
 @app.command()
 def create(
-    sandbox_id: Annotated[str, typer.Argument(help="The sandbox to snapshot.", show_default=False)],
+    sandbox_id: Annotated[
+        str,
+        typer.Argument(
+            help="The sandbox to snapshot.",
+            show_default=False,
+            autocompletion=complete_sandbox_ids,
+        ),
+    ],
     name: Annotated[str | None, typer.Option("--name", help="A name for people.")] = None,
     label: LabelOpt = None,
     ttl: Annotated[
@@ -71,67 +92,68 @@ def create(
         out.print(snap.snapshot_id)
 
 
+SNAPSHOT_COLUMNS: tuple[Column[Snapshot], ...] = (
+    Column("ID", lambda snap: snap.snapshot_id),
+    Column("NAME", lambda snap: snap.name or ""),
+    Column("SOURCE", lambda snap: snap.source_sandbox),
+    Column("PARENT", lambda snap: snap.parent_snapshot or ""),
+    Column("SIZE", lambda snap: _size(snap.size_bytes)),
+    Column("LABELS", lambda snap: pairs(snap.labels)),
+    Column("CREATED", lambda snap: when(snap.created_at)),
+    Column("EXPIRES", lambda snap: when(snap.expires_at), wide=True),
+    Column("CPU", lambda snap: snap.cpu, wide=True),
+    Column("MEMORY", lambda snap: snap.memory, wide=True),
+    Column("OWNER", lambda snap: snap.owner or "", wide=True),
+    Column("IMAGE", lambda snap: snap.image, wide=True),
+)
+DELETED: Column[Snapshot] = Column("DELETED", lambda snap: when(snap.deleted_at))
+
+
 @app.command("list")
 def list_(
     label: LabelOpt = None,
     all_: Annotated[
         bool, typer.Option("--all", help="Include deleted snapshots still remembered.")
     ] = False,
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
     """List snapshots, oldest first, filtered by label."""
+    fmt = output_format(output, json_=json_, quiet=quiet)
     with connect(url, api_key, context) as client:
         snapshots = client.list_snapshots(_pairs(label, "label") or None, include_deleted=all_)
-    if json_:
-        print_json(snapshots)
-        return
-    table = Table()
-    for column in ("ID", "NAME", "SOURCE", "PARENT", "SIZE", "LABELS", "CREATED"):
-        table.add_column(column, no_wrap=column in ("ID", "SOURCE", "PARENT", "SIZE"))
-    if all_:
-        table.add_column("DELETED")
-    for snap in snapshots:
-        row = [
-            snap.snapshot_id,
-            snap.name or "",
-            snap.source_sandbox,
-            snap.parent_snapshot or "",
-            _size(snap.size_bytes),
-            _labels(snap.labels),
-            snap.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-        ]
-        if all_:
-            row.append(snap.deleted_at.strftime("%Y-%m-%d %H:%M:%S") if snap.deleted_at else "")
-        table.add_row(*row)
-    out.print(table)
+    columns = (*SNAPSHOT_COLUMNS, DELETED) if all_ else SNAPSHOT_COLUMNS
+    emit_list(snapshots, columns, fmt, kind="snapshot", key=lambda snap: snap.snapshot_id)
 
 
 @app.command()
 def get(
     snapshot_id: SnapshotArg,
+    output: OutputOpt = None,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
     """Show one snapshot."""
+    fmt = output_format(output, json_=json_)
     with connect(url, api_key, context) as client:
         snap = client.get_snapshot(snapshot_id)
-    if json_:
-        print_json(snap)
-        return
-    table = Table(show_header=False, box=None)
-    for key, value in snap.model_dump(mode="json").items():
-        table.add_row(key, "" if value is None else str(value))
-    out.print(table)
+    emit_one(snap, fmt, kind="snapshot", key=snap.snapshot_id)
 
 
 @app.command()
 def rm(
-    snapshot_ids: Annotated[list[str], typer.Argument(help="Snapshot ids.", show_default=False)],
+    snapshot_ids: Annotated[
+        list[str],
+        typer.Argument(
+            help="Snapshot ids.", show_default=False, autocompletion=complete_snapshot_ids
+        ),
+    ],
     recursive: Annotated[
         bool, typer.Option("--recursive", "-r", help="Delete their descendants too.")
     ] = False,
@@ -145,9 +167,13 @@ def rm(
     Sandboxes restored from them keep running; their images go once no sandbox uses them.
     A snapshot with child snapshots is refused without --recursive.
     """
-    if recursive:
-        confirm(f"Delete {', '.join(snapshot_ids)} and every snapshot under them?", yes=yes)
     with connect(url, api_key, context) as client:
+        if recursive:
+            confirm(
+                f"Delete {', '.join(snapshot_ids)} and every snapshot under them at "
+                f"{client.base_url}?",
+                yes=yes,
+            )
         for snapshot_id in snapshot_ids:
             for deleted in client.delete_snapshot(snapshot_id, recursive=recursive):
                 err.print(f"deleted {deleted}")

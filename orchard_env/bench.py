@@ -13,10 +13,11 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from orchard_env import bench_host
-from orchard_env.bench_host import cpu_seconds
+from orchard_env.bench_host import cpu_seconds, stat_fields
 from orchard_env.errors import OrchardError
 from orchard_env.protocol import SandboxStatus
 from orchard_env.sdk import AsyncSandbox, AsyncSandboxClient, SandboxClient
@@ -126,11 +127,13 @@ def bench_exec(
     progress("creating a sandbox")
     with client.create_sandbox(image) as sandbox:
         for _ in range(10):
-            sandbox.exec(["true"], check=True)
+            sandbox.exec(["true"], check=True, shell=False)
         progress(f"timing {n} execs through Orchard")
         client_cpu = time.process_time()
         service_cpu = cpu_seconds(orchestrator_pid) if orchestrator_pid else 0.0
-        samples = [_timed(lambda: sandbox.exec(["true"], check=True)) for _ in range(n)]
+        samples = [
+            _timed(lambda: sandbox.exec(["true"], check=True, shell=False)) for _ in range(n)
+        ]
         result.stats["orchard exec"] = Stats.of(samples)
         result.figures["client CPU ms per exec"] = round(
             (time.process_time() - client_cpu) * 1000 / n, 2
@@ -146,7 +149,14 @@ def bench_exec(
             result.figures["ratio p50 (orchard / engine)"] = round(
                 result.stats["orchard exec"].p50 / result.stats["engine exec_run"].p50, 4
             )
-        memory = _agent_memory(sandbox.exec(["/bin/sh", "-c", _AGENT_PSS]).stdout)
+        # The agent is non-dumpable, so its memory is unreadable from inside the sandbox:
+        # read it from this host when the engine is local, else from inside (init only).
+        listing = (
+            host_agent_listing(engine_url, sandbox.sandbox_id)
+            if engine_url is not None
+            else sandbox.exec(["/bin/sh", "-c", _AGENT_PSS], shell=False).stdout
+        )
+        memory = _agent_memory(listing)
         result.figures.update(memory)
     return result
 
@@ -162,6 +172,46 @@ def _engine_samples(engine_url: str, sandbox_id: str, n: int) -> list[float]:
         return [_timed(lambda: container.exec_run(["true"])) for _ in range(n)]
     finally:
         engine.close()
+
+
+def host_agent_listing(engine_url: str, sandbox_id: str) -> str:
+    """``pid pss_kb rss_kb`` of the sandbox's agent processes, read from this host's /proc:
+    the processes under the container's first one whose command line runs the agent."""
+    import docker
+
+    engine = docker.DockerClient(base_url=engine_url)
+    try:
+        (container,) = engine.containers.list(filters={"label": f"orchard.sandbox-id={sandbox_id}"})
+        tree = {int(container.attrs["State"]["Pid"])}
+    finally:
+        engine.close()
+    parents = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit():
+                parents[int(proc.name)] = int(stat_fields(int(proc.name))[1])
+        except OSError:
+            continue
+    grown = True
+    while grown:
+        before = len(tree)
+        tree |= {pid for pid, parent in parents.items() if parent in tree}
+        grown = len(tree) > before
+    lines = []
+    for pid in sorted(tree):
+        try:
+            if b"/agent\0--listen" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            pss = _kb(Path(f"/proc/{pid}/smaps_rollup").read_text(), "Pss:")
+            rss = _kb(Path(f"/proc/{pid}/status").read_text(), "VmRSS:")
+        except OSError:
+            continue
+        lines.append(f"{pid} {pss} {rss}")
+    return "\n".join(lines)
+
+
+def _kb(text: str, field: str) -> int:
+    return next(int(line.split()[1]) for line in text.splitlines() if line.startswith(field))
 
 
 def _agent_memory(listing: str) -> dict[str, float]:
@@ -201,7 +251,7 @@ def bench_create(
         started = time.perf_counter()
         sandbox = client.create_sandbox(image, sandbox_id=sandbox_id)
         answered = time.perf_counter() - started
-        sandbox.exec(["true"], check=True)
+        sandbox.exec(["true"], check=True, shell=False)
         elapsed = time.perf_counter() - started
         from_pool = sandbox.info.status is SandboxStatus.READY and sandbox_id is None
         sandbox.delete()
@@ -514,7 +564,7 @@ async def _fork(
         result.stats["snapshot"] = Stats.of(snapshot_times)
 
         async def exec_able(sandbox: AsyncSandbox) -> None:
-            await sandbox.exec(["true"], check=True)
+            await sandbox.exec(["true"], check=True, shell=False)
 
         async def fresh() -> AsyncSandbox:
             sandbox = await client.create_sandbox(image, labels=labels)

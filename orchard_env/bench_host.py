@@ -86,8 +86,13 @@ def rss_mb(pid: int | None) -> float | None:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stat_fields(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (state first, then ppid)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 def _cpu(pid: int | None) -> float | None:

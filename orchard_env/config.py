@@ -18,11 +18,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import tomli_w
 
 from orchard_env.errors import ConfigError
-from orchard_env.protocol import parse_cpu, parse_memory
+from orchard_env.protocol import parse_cpu, parse_memory, sandbox_cpu, sandbox_memory
 
 
 def config_dir() -> Path:
@@ -97,10 +98,10 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
         "state dir's own, kept in <state_dir>/instance; Kubernetes, 'default')",
     ),
     Setting("require_api_key", "true", _bool, "reject requests without a valid X-API-Key"),
-    Setting("default_cpu", "1", parse_cpu, "CPU cores of a sandbox that asks for none"),
-    Setting("default_memory", "2Gi", parse_memory, "memory of a sandbox that asks for none"),
-    Setting("max_cpu", "16", parse_cpu, "largest CPU a sandbox may ask for"),
-    Setting("max_memory", "64Gi", parse_memory, "largest memory a sandbox may ask for"),
+    Setting("default_cpu", "1", sandbox_cpu, "CPU cores of a sandbox that asks for none"),
+    Setting("default_memory", "2Gi", sandbox_memory, "memory of a sandbox that asks for none"),
+    Setting("max_cpu", "16", sandbox_cpu, "largest CPU a sandbox may ask for"),
+    Setting("max_memory", "64Gi", sandbox_memory, "largest memory a sandbox may ask for"),
     Setting("pids_limit", "4096", _positive_int, "process limit per sandbox"),
     Setting("max_sandboxes", "1000", _positive_int, "live sandboxes of the whole service"),
     Setting("key_max_sandboxes", "100", _positive_int, "live sandboxes per non-admin key"),
@@ -109,9 +110,23 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
     Setting("default_workdir", "/workspace", str, "working directory of a new sandbox"),
     Setting("sandbox_ttl_seconds", "7200", _non_negative_int, "lifetime cap; 0 = none"),
     Setting("idle_timeout_seconds", "1800", _non_negative_int, "idle expiry; 0 = none"),
-    Setting("ready_timeout_seconds", "120", _positive_int, "how long a create may take"),
+    Setting(
+        "ready_timeout_seconds",
+        "3600",
+        _positive_int,
+        "how long a sandbox may take to start (image pull included) when it asks for no timeout",
+    ),
+    Setting(
+        "max_ready_timeout_seconds", "7200", _positive_int, "the largest timeout a create may ask"
+    ),
     Setting("reap_interval_seconds", "15", _positive_int, "how often the reaper runs"),
     Setting("max_output_bytes", str(16 * 1024 * 1024), _positive_int, "exec output cap"),
+    Setting(
+        "max_body_bytes",
+        str(32 * 1024 * 1024),
+        _positive_int,
+        "largest JSON request body (413 past it); raw file uploads are streamed, not capped",
+    ),
     Setting("job_retention_seconds", "86400", _positive_int, "how long finished jobs stay"),
     Setting(
         "snapshot_ttl_seconds",
@@ -177,29 +192,75 @@ def save_config_file(data: Mapping[str, Any], path: Path | None = None) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class ContextChoice:
+    """The context a command acts on, and why: ``source`` is ``--context``,
+    ``ORCHARD_CONTEXT``, ``current context`` or ``default``."""
+
+    name: str | None
+    values: dict[str, Any]
+    source: str
+
+    @property
+    def exists(self) -> bool:
+        return bool(self.values)
+
+
+def choose_context(
+    data: Mapping[str, Any],
+    name: str | None = None,
+    *,
+    default: str | None = None,
+    must_exist: bool = True,
+) -> ContextChoice:
+    """The one precedence for a command's target: the named context (``--context``), else
+    ``ORCHARD_CONTEXT``, else ``current_context``, else ``default``. A context named by the
+    user that is not in the file is an error unless ``must_exist`` is false (``orchard up``
+    creating it); ``default`` need not exist."""
+    contexts = data.get("contexts", {})
+    env = os.environ.get("ORCHARD_CONTEXT")
+    current = data.get("current_context")
+    chosen: str | None
+    if name:
+        chosen, source = name, "--context"
+    elif env:
+        chosen, source = env, "ORCHARD_CONTEXT"
+    elif current:
+        chosen, source = str(current), "current context"
+    else:
+        chosen, source = default, "default"
+    if chosen is None:
+        return ContextChoice(None, {}, source)
+    if chosen not in contexts:
+        if must_exist and source != "default":
+            known = ", ".join(sorted(contexts)) or "none"
+            where = "" if source == "--context" else f" (from {source})"
+            raise ConfigError(
+                f"context {chosen!r}{where} is not in {config_path()} (known: {known})",
+                hint="`orchard context list` shows them; `orchard up` creates one",
+            )
+        return ContextChoice(chosen, {}, source)
+    return ContextChoice(chosen, dict(contexts[chosen]), source)
+
+
 def active_context(
     data: Mapping[str, Any], name: str | None = None
 ) -> tuple[str | None, dict[str, Any]]:
-    """The context to use: the named one, else ``ORCHARD_CONTEXT``, else ``current_context``."""
-    contexts = data.get("contexts", {})
-    chosen = name or os.environ.get("ORCHARD_CONTEXT") or data.get("current_context")
-    if chosen is None:
-        return None, {}
-    if chosen not in contexts:
-        known = ", ".join(sorted(contexts)) or "none"
-        raise ConfigError(
-            f"context {chosen!r} is not in {config_path()} (known: {known})",
-            hint="`orchard context list` shows them; `orchard up` creates one",
-        )
-    return chosen, dict(contexts[chosen])
+    """The context to use (see :func:`choose_context`), as ``(name, values)``."""
+    choice = choose_context(data, name)
+    return choice.name, choice.values
 
 
-def write_context(name: str, values: Mapping[str, Any], *, make_current: bool = True) -> Path:
+def write_context(name: str, values: Mapping[str, Any], *, make_current: bool = False) -> bool:
+    """Write (or replace) a context. It becomes the current one when ``make_current`` is true
+    or when there is no current context yet (the first one); otherwise the current context
+    stays, as with ``kubectl config set-context``. Returns whether ``name`` is now current."""
     data = load_config_file()
     data.setdefault("contexts", {})[name] = dict(values)
-    if make_current:
+    if make_current or not data.get("current_context"):
         data["current_context"] = name
-    return save_config_file(data)
+    save_config_file(data)
+    return bool(data["current_context"] == name)
 
 
 def remove_context(name: str) -> bool:
@@ -309,8 +370,10 @@ class ServiceSettings:
     sandbox_ttl_seconds: int
     idle_timeout_seconds: int
     ready_timeout_seconds: int
+    max_ready_timeout_seconds: int
     reap_interval_seconds: int
     max_output_bytes: int
+    max_body_bytes: int
     job_retention_seconds: int
     snapshot_ttl_seconds: int
     agent_bundle_dir: Path | None
@@ -339,10 +402,27 @@ class ServiceSettings:
         return self.state_dir / "sandboxes"
 
 
-def service_settings(**overrides: Any) -> ServiceSettings:
-    """Resolve the orchestrator's settings (flags as keyword arguments)."""
-    file_values = load_config_file().get("service", {})
-    values = _resolve(SERVICE_SETTINGS, overrides, file_values, f"{config_path()} [service]")
+def _local_context_values(choice: ContextChoice) -> dict[str, Any]:
+    """What a local context records about its service: state dir, port and instance."""
+    values: dict[str, Any] = {
+        k: choice.values[k] for k in ("state_dir", "instance") if k in choice.values
+    }
+    port = urlsplit(str(choice.values.get("url", ""))).port
+    if port is not None:
+        values["port"] = port
+    return values
+
+
+def service_settings(*, context: ContextChoice | None = None, **overrides: Any) -> ServiceSettings:
+    """Resolve the orchestrator's settings (flags as keyword arguments). With a local
+    ``context``, its state dir, port and instance rank between the environment and the
+    config file's ``[service]`` section (flag > env > context > file > default)."""
+    file_values = dict(load_config_file().get("service", {}))
+    label = f"{config_path()} [service]"
+    if context is not None and context.exists:
+        file_values.update(_local_context_values(context))
+        label += f" or context {context.name!r}"
+    values = _resolve(SERVICE_SETTINGS, overrides, file_values, label)
     if values["state_dir"] is None:
         values["state_dir"] = state_dir()
     if values["instance"] is None:

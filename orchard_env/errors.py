@@ -78,6 +78,14 @@ class LimitExceeded(InvalidRequest):
 
 
 @_register
+class PayloadTooLarge(LimitExceeded):
+    """A request body is larger than the service accepts."""
+
+    code = "payload_too_large"
+    http_status = 413
+
+
+@_register
 class AuthenticationRequired(OrchardError):
     code = "unauthenticated"
     http_status = 401
@@ -176,6 +184,16 @@ class BackendUnavailable(Unavailable):
 @_register
 class AgentUnavailable(Unavailable):
     code = "agent_unavailable"
+
+
+@_register
+class AgentTampered(OrchardError):
+    """A sandbox's agent endpoint answered as the real agent never does: a planted symlink or
+    file at its socket, an impostor, or a reply over the protocol's bounds. The sandbox is
+    failed with this reason; nothing it sent is believed."""
+
+    code = "agent_tampered"
+    http_status = 502
 
 
 @_register

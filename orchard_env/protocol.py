@@ -8,6 +8,7 @@ server reject the same inputs with the same message.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from datetime import datetime
@@ -15,6 +16,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -22,6 +24,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 # --- validation helpers ------------------------------------------------------------------
@@ -49,6 +52,26 @@ _MEM_UNITS = {
     "Gi": 1024**3,
     "Ti": 1024**4,
 }
+
+
+# Bounds every request obeys (docs/api.md, "Limits"): each is a 400 naming the field.
+MIN_CPU = 0.01
+"""Cores: less is below what the engine can enforce (10m, Kubernetes' smallest useful unit)."""
+MIN_MEMORY = 32 * 1024**2
+"""Bytes: what the sandbox's agent needs to run beside the commands."""
+MAX_TTL_SECONDS = 30 * 86400
+"""``ttl_seconds`` and ``idle_timeout_seconds`` of a sandbox."""
+MAX_SNAPSHOT_TTL_SECONDS = 365 * 86400
+MAX_READY_TIMEOUT_SECONDS = 86400
+MAX_EXEC_TIMEOUT_SECONDS = 7 * 86400
+MAX_OUTPUT_CAP_BYTES = 1024**3
+MAX_IMAGE_LENGTH = 255  # the OCI/Docker limit on a reference
+MAX_PATH_LENGTH = 4096  # PATH_MAX
+MAX_ENV_ENTRIES = 256
+MAX_LABELS = 64
+MAX_ARGV_ITEMS = 4096
+MAX_TEXT_LENGTH = 1024**2
+"""Characters of a command, an env value, a PTY init field."""
 
 
 def check_sandbox_id(value: str) -> str:
@@ -90,24 +113,56 @@ def parse_cpu(value: str | float | int) -> float:
         if not match:
             raise ValueError(f"cpu {value!r} is not a quantity (examples: 2, 0.5, 500m)")
         cores = float(match.group(1)) / (1000 if match.group(2) else 1)
+    if not math.isfinite(cores):
+        raise ValueError(f"cpu {value!r} is not a finite number of cores")
     if cores <= 0:
         raise ValueError(f"cpu {value!r} must be greater than zero")
     return cores
 
 
-def parse_memory(value: str | int) -> int:
+def parse_memory(value: str | int, what: str = "memory") -> int:
     """Kubernetes memory quantity → bytes: ``"512Mi"``, ``"8Gi"``, ``"1G"``, ``1073741824``."""
     if isinstance(value, bool):
-        raise ValueError(f"memory {value!r} is not a quantity")
+        raise ValueError(f"{what} {value!r} is not a quantity")
     if isinstance(value, int):
         size = value
     else:
         match = _MEM_RE.match(value.strip())
         if not match:
-            raise ValueError(f"memory {value!r} is not a quantity (examples: 512Mi, 8Gi, 1G)")
+            raise ValueError(f"{what} {value!r} is not a quantity (examples: 512Mi, 8Gi, 1G)")
         size = int(float(match.group(1)) * _MEM_UNITS[match.group(2)])
     if size <= 0:
-        raise ValueError(f"memory {value!r} must be greater than zero")
+        raise ValueError(f"{what} {value!r} must be greater than zero")
+    return size
+
+
+def sandbox_cpu(value: str | float | int) -> float:
+    """A sandbox's CPU: a quantity of at least :data:`MIN_CPU` cores."""
+    cores = parse_cpu(value)
+    if cores < MIN_CPU:
+        hint = ""
+        if isinstance(value, str) and value.strip().endswith("m"):
+            number = value.strip().removesuffix("m")
+            hint = (
+                f": m is thousandths of a core; did you mean {number} ({float(number) * 1000:g}m)?"
+            )
+        raise ValueError(
+            f"cpu {value!r} is {cores:g} cores, below the minimum of {MIN_CPU:g} (10m){hint}"
+        )
+    return cores
+
+
+def sandbox_memory(value: str | int, what: str = "memory") -> int:
+    """A sandbox's memory (or disk): a quantity of at least :data:`MIN_MEMORY` bytes. A
+    quantity without a unit is bytes, as in Kubernetes (``8G`` is 8e9 bytes, ``8Gi`` 8 GiB)."""
+    size = parse_memory(value, what)
+    if size < MIN_MEMORY:
+        unitless = isinstance(value, int) or value.strip().isdigit()
+        hint = f": a number without a unit is bytes, did you mean {value}Mi?" if unitless else ""
+        raise ValueError(
+            f"{what} {value!r} is {size} bytes, below the minimum of "
+            f"{format_memory(MIN_MEMORY)}{hint}"
+        )
     return size
 
 
@@ -120,12 +175,91 @@ def format_memory(size: int) -> str:
 
 
 def check_labels(labels: dict[str, str]) -> dict[str, str]:
+    if len(labels) > MAX_LABELS:
+        raise ValueError(f"{len(labels)} labels is more than the {MAX_LABELS} allowed")
     for key, value in labels.items():
         if not LABEL_KEY_RE.match(key):
             raise ValueError(f"label key {key!r} is invalid (letters, digits, '-', '_', '.')")
         if not LABEL_VALUE_RE.match(value):
             raise ValueError(f"label value {value!r} for {key!r} is invalid")
     return labels
+
+
+def check_no_nul(value: str, what: str) -> str:
+    if "\0" in value:
+        raise ValueError(f"{what} contains a NUL character, which no path or command can hold")
+    return value
+
+
+def check_path(value: str, what: str = "the path") -> str:
+    if len(value) > MAX_PATH_LENGTH:
+        raise ValueError(f"{what} is {len(value)} characters, over the {MAX_PATH_LENGTH} allowed")
+    return check_no_nul(value, what)
+
+
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    """Environment variables: at most :data:`MAX_ENV_ENTRIES`; a name is not empty and has
+    no ``=``; nothing holds a NUL."""
+    if len(env) > MAX_ENV_ENTRIES:
+        raise ValueError(f"{len(env)} variables is more than the {MAX_ENV_ENTRIES} allowed")
+    for key, value in env.items():
+        if not key or "=" in key:
+            raise ValueError(f"env name {key!r} must be non-empty and must not contain '='")
+        check_no_nul(key, f"env name {key!r}")
+        check_no_nul(value, f"env {key!r}")
+        if len(value) > MAX_TEXT_LENGTH:
+            raise ValueError(f"env {key!r} is longer than {MAX_TEXT_LENGTH} characters")
+    return env
+
+
+def _check_unicode(value: Any, where: str) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"{where} is not valid Unicode text: it holds a lone surrogate "
+                f"({value[exc.start : exc.end]!a} at character {exc.start})"
+            ) from None
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _check_unicode(item, where)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_unicode(key, where)
+            _check_unicode(item, where)
+
+
+class RequestModel(BaseModel):
+    """A request body (or frame): every string must be encodable as
+    UTF-8 (JSON's ``\\ud800`` escapes can name a lone surrogate, which no agent, engine or
+    database can take)."""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _unicode(cls, value: Any, info: ValidationInfo) -> Any:
+        _check_unicode(value, info.field_name or "a field")
+        return value
+
+
+_LOCATIONS = ("body", "query", "path", "header", "cookie")
+
+
+def validation_message(errors: list[Any]) -> str:
+    """Pydantic's errors as one line naming each field (request validation's 400)."""
+    parts = []
+    for error in errors:
+        loc = [str(p) for p in error.get("loc", ())]
+        if loc and loc[0] in _LOCATIONS:  # where the field was, not a field (one may be "path")
+            loc = loc[1:]
+        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        if error.get("type") == "string_unicode":
+            message = "not valid Unicode text (a lone surrogate such as \\ud800)"
+        if error.get("type") == "json_invalid":
+            parts.append(f"the request body is not valid JSON: {message}")
+        else:
+            parts.append(f"{'.'.join(loc)}: {message}" if loc else message)
+    return "; ".join(parts) or "invalid request"
 
 
 def null_is_default(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
@@ -139,9 +273,10 @@ def null_is_default(cls: type[BaseModel], value: Any, info: ValidationInfo) -> A
     return value
 
 
-def command_text(command: str | list[str]) -> str:
-    """How a command is shown and stored: lists are shell-quoted, never joined lossily."""
-    return command if isinstance(command, str) else shlex.join(command)
+def shell_command(command: str | list[str]) -> str:
+    """The shell text a ``command`` runs as: a list is joined with spaces, as upstream's agent
+    joined it, so ``["ls", "*.py"]`` globs and ``["echo hi && echo there"]`` is one line."""
+    return command if isinstance(command, str) else " ".join(command)
 
 
 def epoch_seconds(value: datetime) -> float:
@@ -171,23 +306,92 @@ class SandboxStatus(StrEnum):
     NOT_FOUND = "not_found"
 
 
-class CreateSandboxRequest(BaseModel):
+Cpu = Annotated[
+    str | float,
+    Field(description='cores: 2, 0.5 or "500m"; at least 0.01 (10m)'),
+]
+Memory = Annotated[
+    str | int,
+    Field(description='bytes, or a quantity: "512Mi", "8Gi", "8G" (8e9 bytes); at least 32Mi'),
+]
+# Constraints the validators enforce (with their own messages), stated in the JSON schema too
+# so generated clients and fuzzers see them.
+_NO_NUL = r"^[^\x00]*$"
+Text = Annotated[str, Field(max_length=MAX_TEXT_LENGTH, json_schema_extra={"pattern": _NO_NUL})]
+Command = Annotated[
+    str,
+    Field(
+        max_length=MAX_TEXT_LENGTH,
+        json_schema_extra={"pattern": r"^[^\x00]*[^\s\x00][^\x00]*$"},  # not blank, no NUL
+    ),
+]
+Env = Annotated[
+    dict[str, str],
+    Field(
+        max_length=MAX_ENV_ENTRIES,
+        description="names non-empty, without '='; no NUL anywhere",
+        json_schema_extra={
+            "propertyNames": {"pattern": r"^[^=\x00]+$"},
+            "additionalProperties": {
+                "type": "string",
+                "maxLength": MAX_TEXT_LENGTH,
+                "pattern": _NO_NUL,
+            },
+        },
+    ),
+    AfterValidator(check_env),
+]
+Labels = Annotated[
+    dict[str, str],
+    Field(
+        max_length=MAX_LABELS,
+        json_schema_extra={
+            "propertyNames": {"pattern": LABEL_KEY_RE.pattern},
+            "additionalProperties": {"type": "string", "pattern": LABEL_VALUE_RE.pattern},
+        },
+    ),
+    AfterValidator(check_labels),
+]
+AbsolutePath = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_PATH_LENGTH, json_schema_extra={"pattern": r"^/[^\x00]*$"}),
+    AfterValidator(check_path),
+]
+SandboxPath = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="absolute, or relative",
+        json_schema_extra={"pattern": _NO_NUL},
+    ),
+    AfterValidator(check_path),
+]
+SandboxId = Annotated[str, Field(json_schema_extra={"pattern": SANDBOX_ID_RE.pattern})]
+
+
+class CreateSandboxRequest(RequestModel):
     """``POST /sandboxes``. Upstream fields first; ``timeout`` is upstream's readiness timeout."""
 
     model_config = ConfigDict(extra="forbid")
 
-    image: str
+    image: str = Field(max_length=MAX_IMAGE_LENGTH, json_schema_extra={"pattern": IMAGE_RE.pattern})
     block_network: bool = True
-    sandbox_id: str | None = None
-    cpu: str | float | None = None
-    memory: str | int | None = None
-    timeout: int | None = Field(default=None, ge=1, le=86400)
+    sandbox_id: SandboxId | None = None
+    cpu: Cpu | None = None
+    memory: Memory | None = None
+    timeout: int | None = Field(default=None, ge=1, le=MAX_READY_TIMEOUT_SECONDS)
     # Orchard extensions
-    labels: dict[str, str] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str | None = None
-    ttl_seconds: int | None = Field(default=None, ge=1)
-    idle_timeout_seconds: int | None = Field(default=None, ge=1)
+    labels: Labels = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
+    workdir: AbsolutePath | None = None
+    ttl_seconds: int | None = Field(default=None, ge=1, le=MAX_TTL_SECONDS)
+    idle_timeout_seconds: int | None = Field(default=None, ge=1, le=MAX_TTL_SECONDS)
+    disk: Memory | None = Field(
+        default=None,
+        description="disk the sandbox may write, as a quantity (at least 32Mi); refused "
+        "(400) where the backend cannot enforce it",
+    )
 
     @field_validator("image")
     @classmethod
@@ -203,25 +407,20 @@ class CreateSandboxRequest(BaseModel):
     @classmethod
     def _cpu(cls, v: str | float | None) -> str | float | None:
         if v is not None:
-            parse_cpu(v)
+            sandbox_cpu(v)
         return v
 
-    @field_validator("memory")
+    @field_validator("memory", "disk")
     @classmethod
-    def _memory(cls, v: str | int | None) -> str | int | None:
+    def _memory(cls, v: str | int | None, info: ValidationInfo) -> str | int | None:
         if v is not None:
-            parse_memory(v)
+            sandbox_memory(v, info.field_name or "memory")
         return v
 
-    @field_validator("labels")
+    @field_validator("workdir", mode="before")
     @classmethod
-    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_labels(v)
-
-    @field_validator("workdir")
-    @classmethod
-    def _workdir(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
+    def _workdir(cls, v: Any) -> Any:
+        if isinstance(v, str) and not v.startswith("/"):
             raise ValueError(f"workdir {v!r} must be an absolute path")
         return v
 
@@ -240,6 +439,7 @@ class SandboxInfo(BaseModel):
     block_network: bool
     cpu: str
     memory: str
+    disk: str | None = None
     created_at: Timestamp
     ready: bool
     status: SandboxStatus
@@ -295,37 +495,71 @@ class JobStatus(StrEnum):
         return self not in (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
-class ExecRequest(BaseModel):
+class ExecRequest(RequestModel):
     """``POST /sandboxes/{id}/exec`` (and ``/exec/stream``).
 
-    ``command`` as a string runs through ``/bin/sh -c`` (bash for ``login_shell``); a list is
-    an argv run directly. ``job_id`` makes the submission idempotent: the same id submitted
-    again returns the existing job and never runs the command twice.
+    ``command`` runs through bash (``/bin/sh`` in images without bash), as upstream's agent
+    ran it; a list is joined with spaces first, as upstream joined it. ``argv`` (an Orchard
+    extension, instead of ``command``) runs an exact argv with no shell in between.
+    ``job_id`` makes the submission idempotent: the same id submitted again returns the
+    existing job and never runs the command twice.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    command: str | list[str]
+    command: (
+        Command
+        | Annotated[list[Text], Field(max_length=MAX_ARGV_ITEMS, json_schema_extra={"minItems": 1})]
+        | None
+    ) = Field(default=None, description="shell text; a list is joined with spaces (as upstream)")
     timeout_seconds: int = Field(
-        default=300, ge=1, le=7 * 86400, description="seconds; null means the default"
+        default=300,
+        ge=1,
+        le=MAX_EXEC_TIMEOUT_SECONDS,
+        description="seconds; null means the default",
     )
-    cwd: str | None = None
-    env: dict[str, str] = Field(
-        default_factory=dict, description="added to the sandbox's; null means none"
-    )
+    cwd: SandboxPath | None = None
+    env: Env = Field(default_factory=dict, description="added to the sandbox's; null means none")
     login_shell: bool = False
     wait: bool = False
     # Orchard extensions
+    argv: Annotated[list[Text], Field(min_length=1, max_length=MAX_ARGV_ITEMS)] | None = Field(
+        default=None, description="an exact argv run with no shell, instead of command"
+    )
     job_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[\w.-]+$")
     stdin: str | None = None
-    max_output_bytes: int | None = Field(default=None, ge=0)
+    max_output_bytes: int | None = Field(default=None, ge=0, le=MAX_OUTPUT_CAP_BYTES)
 
     @field_validator("command")
     @classmethod
-    def _command(cls, v: str | list[str]) -> str | list[str]:
-        if (isinstance(v, str) and not v.strip()) or (isinstance(v, list) and not v):
+    def _command(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if v is None:
+            return v
+        if not shell_command(v).strip():
             raise ValueError("command is empty")
+        for part in [v] if isinstance(v, str) else v:
+            check_no_nul(part, "command")
         return v
+
+    @model_validator(mode="after")
+    def _one_command(self) -> ExecRequest:
+        if (self.command is None) == (self.argv is None):
+            raise ValueError(
+                "give exactly one of command (shell text, or a list joined with spaces) "
+                "and argv (an exact argv run without a shell)"
+            )
+        return self
+
+    @property
+    def agent_command(self) -> str | list[str]:
+        """What the agent runs: shell text (a string) or an exact argv (a list)."""
+        return self.argv if self.argv is not None else shell_command(self.command or "")
+
+    @property
+    def text(self) -> str:
+        """How the command is shown and stored (``Job.command``): the shell text as it runs,
+        an exact argv shell-quoted."""
+        return shlex.join(self.argv) if self.argv is not None else shell_command(self.command or "")
 
     _nulls = field_validator("timeout_seconds", "env", mode="before")(null_is_default)
 
@@ -374,11 +608,14 @@ class ExecEvent(BaseModel):
 # --- files and patches ---------------------------------------------------------------------
 
 
-class FileUpload(BaseModel):
+class FileUpload(RequestModel):
     """``POST /sandboxes/{id}/files``: upstream's base64 upload."""
 
-    path: str
-    content: str
+    path: SandboxPath
+    content: str = Field(
+        description="base64; the whole body is capped (413 past the cap)",
+        json_schema_extra={"format": "byte"},
+    )
     mode: int | None = Field(default=None, ge=0, le=0o7777)
 
 
@@ -411,8 +648,8 @@ class FileList(BaseModel):
     files: list[FileEntry]
 
 
-class MkdirRequest(BaseModel):
-    path: str
+class MkdirRequest(RequestModel):
+    path: SandboxPath
     parents: bool = True
 
 
@@ -428,14 +665,14 @@ class FileDeleteResult(BaseModel):
     deleted: str
 
 
-class PatchRequest(BaseModel):
+class PatchRequest(RequestModel):
     """``POST /sandboxes/{id}/apply_patch``. Upstream: ``patch``, ``timeout_seconds``."""
 
     model_config = ConfigDict(extra="forbid")
 
     patch: str
     timeout_seconds: int = Field(default=30, ge=1, le=3600)
-    cwd: str | None = None
+    cwd: SandboxPath | None = None
     check: bool = False
     three_way: bool = False
     reverse: bool = False
@@ -468,7 +705,7 @@ class KeyQuota(BaseModel):
         return v
 
 
-class KeyCreateRequest(KeyQuota):
+class KeyCreateRequest(RequestModel, KeyQuota):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[\w.@-]+$")
     admin: bool = False
 
@@ -526,15 +763,40 @@ class NodeResources(BaseModel):
     allocatable: ResourceAmounts
 
 
-class ResourcesReport(BaseModel):
-    """``GET /resources``: capacity, what live sandboxes asked for, and what is left."""
+class SandboxPod(BaseModel):
+    """One live sandbox's requests: an entry of upstream's ``sandbox_pods``."""
 
-    backend: str
+    name: str  # the pod (Kubernetes) or the sandbox id (local engine)
+    namespace: str
+    phase: str  # Kubernetes' pod phase: Pending or Running
+    cpu_request: float  # cores
+    memory_request_bytes: int
+    # Orchard extension: the sandbox it is (None for a pod of another service in the namespace)
+    sandbox_id: str | None = None
+
+
+class ResourcesReport(BaseModel):
+    """``GET /resources``: capacity, what live sandboxes asked for, and what is left.
+
+    Upstream's fields come first (``status`` … ``sandbox_pods``); ``totals`` and ``requests``
+    are Orchard's older names for ``total_allocatable`` and ``total_requested``. With
+    ``scope`` ``key`` (a non-admin key) every figure that comes from sandboxes counts only
+    that key's own: ``total_requested``, ``available``, ``sandbox_pods``, ``sandboxes``.
+    """
+
+    status: Literal["ok"] = "ok"
     nodes: list[NodeResources]
-    totals: ResourceAmounts  # allocatable, summed over nodes
-    requests: ResourceAmounts  # summed over live sandboxes
-    available: ResourceAmounts  # totals - requests, never below zero
-    sandboxes: int
+    total_capacity: ResourceAmounts
+    total_allocatable: ResourceAmounts
+    total_requested: ResourceAmounts
+    available: ResourceAmounts  # total_allocatable - total_requested, never below zero
+    sandbox_pods: list[SandboxPod]
+    # Orchard extensions
+    scope: Literal["service", "key"]
+    backend: str
+    totals: ResourceAmounts  # = total_allocatable
+    requests: ResourceAmounts  # = total_requested
+    sandboxes: int  # live sandboxes counted in total_requested
 
 
 class Health(BaseModel):
@@ -546,16 +808,25 @@ class Health(BaseModel):
 # --- PTY (websocket JSON frames, upstream-compatible) ------------------------------------
 
 
-class PtyInit(BaseModel):
+class PtyInit(RequestModel):
     type: Literal["init"] = "init"
-    cmd: list[str] = Field(default_factory=lambda: ["/bin/sh"])
-    env: dict[str, str] = Field(default_factory=dict)
-    cwd: str | None = None
+    cmd: list[Text] = Field(
+        default_factory=lambda: ["/bin/sh"], min_length=1, max_length=MAX_ARGV_ITEMS
+    )
+    env: Env = Field(default_factory=dict)
+    cwd: SandboxPath | None = None
     rows: int = Field(default=24, ge=1, le=1000)
     cols: int = Field(default=80, ge=1, le=1000)
     login_shell: bool = False
 
     _nulls = field_validator("env", "rows", "cols", mode="before")(null_is_default)
+
+    @field_validator("cmd")
+    @classmethod
+    def _cmd(cls, v: list[str]) -> list[str]:
+        for part in v:
+            check_no_nul(part, "cmd")
+        return v
 
 
 PTY_CLIENT_TYPES = ("init", "stdin", "signal", "resize", "close")
@@ -568,21 +839,19 @@ PTY_SIGNALS = ("TERM", "KILL", "INT", "HUP", "QUIT")
 MAX_FORK_COUNT = 64
 
 
-class SnapshotRequest(BaseModel):
+class SnapshotRequest(RequestModel):
     """``POST /sandboxes/{id}/snapshot``: commit the sandbox's filesystem (not its processes)."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = Field(default=None, min_length=1, max_length=128)
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: Labels = Field(default_factory=dict)
     ttl_seconds: int | None = Field(
-        default=None, ge=1, description="delete it this long after it was taken; none: keep"
+        default=None,
+        ge=1,
+        le=MAX_SNAPSHOT_TTL_SECONDS,
+        description="delete it this long after it was taken; none: keep",
     )
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_labels(v)
 
 
 class Snapshot(BaseModel):
@@ -624,7 +893,7 @@ class SnapshotDeleteResult(BaseModel):
     deleted: list[str]
 
 
-class RestoreRequest(BaseModel):
+class RestoreRequest(RequestModel):
     """``POST /snapshots/{id}/restore``: a new sandbox from a snapshot, ready on return.
 
     It keeps the source sandbox's resources, workdir, network setting, env and labels;
@@ -633,25 +902,20 @@ class RestoreRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sandbox_id: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
-    timeout: int | None = Field(default=None, ge=1, le=86400)
-    ttl_seconds: int | None = Field(default=None, ge=1)
-    idle_timeout_seconds: int | None = Field(default=None, ge=1)
+    sandbox_id: SandboxId | None = None
+    labels: Labels = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
+    timeout: int | None = Field(default=None, ge=1, le=MAX_READY_TIMEOUT_SECONDS)
+    ttl_seconds: int | None = Field(default=None, ge=1, le=MAX_TTL_SECONDS)
+    idle_timeout_seconds: int | None = Field(default=None, ge=1, le=MAX_TTL_SECONDS)
 
     @field_validator("sandbox_id")
     @classmethod
     def _sandbox_id(cls, v: str | None) -> str | None:
         return None if v is None else check_sandbox_id(v)
 
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_labels(v)
 
-
-class ForkRequest(BaseModel):
+class ForkRequest(RequestModel):
     """``POST /sandboxes/{id}/fork``: snapshot a sandbox and restore it ``count`` times,
     concurrently. ``labels`` are added to every new sandbox's; ``sandbox_ids`` (optional)
     names them, one per fork."""
@@ -659,13 +923,8 @@ class ForkRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     count: int = Field(ge=1, le=MAX_FORK_COUNT)
-    labels: dict[str, str] = Field(default_factory=dict)
-    sandbox_ids: list[str] | None = None
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_labels(v)
+    labels: Labels = Field(default_factory=dict)
+    sandbox_ids: list[SandboxId] | None = Field(default=None, max_length=MAX_FORK_COUNT)
 
     @field_validator("sandbox_ids")
     @classmethod
@@ -703,18 +962,19 @@ class ForkResult(BaseModel):
 MAX_POOL_SIZE = 500
 
 
-class PoolSpec(BaseModel):
+class PoolSpec(RequestModel):
     """What a pool's sandboxes are made with: a create request with the same image, cpu,
-    memory, network, env and workdir (after defaults) and no ``sandbox_id`` takes one."""
+    memory, network, env and workdir (after defaults) and no ``sandbox_id`` or ``disk``
+    takes one."""
 
     model_config = ConfigDict(extra="forbid")
 
-    image: str
+    image: str = Field(max_length=MAX_IMAGE_LENGTH, json_schema_extra={"pattern": IMAGE_RE.pattern})
     block_network: bool = True
-    cpu: str | float | None = None
-    memory: str | int | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str | None = None
+    cpu: Cpu | None = None
+    memory: Memory | None = None
+    env: Env = Field(default_factory=dict)
+    workdir: AbsolutePath | None = None
 
     @field_validator("image")
     @classmethod
@@ -728,12 +988,12 @@ class PoolSpec(BaseModel):
 
     @field_validator("memory")
     @classmethod
-    def _memory(cls, v: str | int | None) -> str | int | None:
-        return CreateSandboxRequest._memory(v)
+    def _memory(cls, v: str | int | None, info: ValidationInfo) -> str | int | None:
+        return CreateSandboxRequest._memory(v, info)
 
-    @field_validator("workdir")
+    @field_validator("workdir", mode="before")
     @classmethod
-    def _workdir(cls, v: str | None) -> str | None:
+    def _workdir(cls, v: Any) -> Any:
         return CreateSandboxRequest._workdir(v)
 
 

@@ -156,7 +156,7 @@ def _sandbox_checks(run: _Run, sb: Sandbox) -> None:
         _expect(result.stdout == "out\n", f"stdout was {result.stdout!r}, expected 'out\\n'")
         _expect(result.stderr == "err\n", f"stderr was {result.stderr!r}, expected 'err\\n'")
         _expect(result.exit_code == 3, f"exit code was {result.exit_code}, expected 3")
-        argv = sb.exec(["printf", "%s|", "a b", "c"])
+        argv = sb.exec(["printf", "%s|", "a b", "c"], shell=False)
         _expect(argv.stdout == "a b|c|", f"argv exec printed {argv.stdout!r}, expected 'a b|c|'")
 
     def env_and_cwd() -> None:
@@ -194,12 +194,14 @@ def _sandbox_checks(run: _Run, sb: Sandbox) -> None:
     def egress_blocked() -> None:
         interfaces = sb.exec("ls /sys/class/net").stdout.split()
         _expect(interfaces == ["lo"], f"network interfaces present: {interfaces}")
-        probe = sb.exec(["python3", "-c", _EGRESS_PROBE])
+        probe = sb.exec(["python3", "-c", _EGRESS_PROBE], shell=False)
         _expect(probe.stdout.startswith("BLOCKED"), f"an outbound route exists: {probe.stdout!r}")
 
     def memory_limit() -> None:
         result = sb.exec(
-            ["python3", "-c", "b = bytearray(512 * 1024 * 1024); print(len(b))"], timeout=60
+            ["python3", "-c", "b = bytearray(512 * 1024 * 1024); print(len(b))"],
+            timeout=60,
+            shell=False,
         )
         _expect(
             result.exit_code != 0 and "536870912" not in result.stdout,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from orchard_env import config
 from orchard_env.config import ServiceSettings
-from orchard_env.errors import OrchardError
+from orchard_env.errors import ConfigError, OrchardError
 from orchard_env.sdk import SandboxClient
 from provision.base import Progress, ServiceStatus, StageResult, UpResult
 
@@ -58,12 +59,31 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _serves_state_dir(pid: int, state_dir: Path) -> bool:
+    """Whether ``pid`` is an orchestrator started for ``state_dir`` (its environment says so).
+    A pid file can name a reused pid, or be copied from another state dir: such a process is
+    someone else's and is never stopped. Without /proc (not Linux) the pid file is trusted."""
+    proc = Path(f"/proc/{pid}")
+    if not Path("/proc/self/environ").exists():
+        return True
+    try:
+        environ = (proc / "environ").read_bytes().split(b"\0")
+        cmdline = (proc / "cmdline").read_bytes()
+    except OSError:  # gone, or another user's process
+        return False
+    wanted = f"ORCHARD_STATE_DIR={state_dir}".encode()
+    return b"orchard_env.orchestrator" in cmdline and wanted in environ
+
+
 def _read_pid(paths: LocalPaths) -> int | None:
+    """The pid of this state dir's running orchestrator, or None."""
     try:
         pid = int(paths.pid_file.read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
-    return pid if _pid_alive(pid) else None
+    if not _pid_alive(pid) or not _serves_state_dir(pid, paths.state_dir):
+        return None
+    return pid
 
 
 def _service_env(settings: ServiceSettings) -> dict[str, str]:
@@ -76,13 +96,76 @@ def _service_env(settings: ServiceSettings) -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class DownPlan:
+    """What `orchard down` would stop and delete, said before it does."""
+
+    url: str
+    state_dir: Path
+    pid: int | None
+    sandboxes: int | None  # None: the engine could not be asked
+    instance: str
+    context: str
+    context_exists: bool
+
+    def describe(self) -> str:
+        process = (
+            f"stop the orchestrator at {self.url} (pid {self.pid}, state dir {self.state_dir})"
+            if self.pid is not None
+            else f"no orchestrator runs for state dir {self.state_dir} (nothing to stop)"
+        )
+        count = "an unknown number of" if self.sandboxes is None else str(self.sandboxes)
+        parts = [process, f"delete {count} sandbox container(s) of instance {self.instance!r}"]
+        if self.context_exists:
+            parts.append(f"remove context {self.context!r}")
+        return "; ".join(parts)
+
+
 class LocalProvider:
     target = "local"
 
-    def __init__(self, settings: ServiceSettings, *, context: str = DEFAULT_CONTEXT) -> None:
-        self.settings = settings
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        *,
+        context: str = DEFAULT_CONTEXT,
+        make_current: bool = False,
+    ) -> None:
+        self.settings = dataclasses.replace(settings, state_dir=settings.state_dir.absolute())
         self.context = context
-        self.paths = LocalPaths(settings.state_dir)
+        self.make_current = make_current
+        self.paths = LocalPaths(self.settings.state_dir)
+
+    @classmethod
+    def for_context(
+        cls,
+        choice: config.ContextChoice,
+        *,
+        port: int | None = None,
+        state_dir: str | None = None,
+        make_current: bool = False,
+    ) -> LocalProvider:
+        """The local service a context names (flag > env > the context's records > default),
+        refusing flags that point somewhere else than an existing context records: acting on
+        one service under another's context is how the wrong one gets stopped."""
+        settings = config.service_settings(context=choice, port=port, state_dir=state_dir)
+        provider = cls(settings, context=choice.name or DEFAULT_CONTEXT, make_current=make_current)
+        if choice.exists:
+            recorded = choice.values.get("state_dir")
+            if recorded and Path(recorded).absolute() != provider.paths.state_dir:
+                raise ConfigError(
+                    f"context {provider.context!r} is the service of state dir {recorded}, "
+                    f"not {provider.paths.state_dir}",
+                    hint="drop --state-dir (and ORCHARD_STATE_DIR), or name another context "
+                    "with --context",
+                )
+            url = choice.values.get("url")
+            if choice.values.get("target", "local") == "local" and url and url != provider.url:
+                raise ConfigError(
+                    f"context {provider.context!r} is the service at {url}, not {provider.url}",
+                    hint="drop --port (and ORCHARD_PORT), or name another context with --context",
+                )
+        return provider
 
     @property
     def url(self) -> str:
@@ -128,19 +211,22 @@ class LocalProvider:
             if pid is not None:
                 self._stop_process(pid, progress)
             pid = self._start_process(progress)
-        config.write_context(
+        current = config.write_context(
             self.context,
             {
                 "url": self.url,
                 "api_key": api_key,
                 "target": "local",
                 "state_dir": str(self.settings.state_dir),
+                "instance": self.settings.instance,
             },
+            make_current=self.make_current,
         )
         verb = "already running" if skipped else "started"
+        which = "the current one" if current else "not the current one"
         return StageResult(
             "deploy",
-            f"orchestrator {verb} at {self.url} (pid {pid}); context {self.context!r}",
+            f"orchestrator {verb} at {self.url} (pid {pid}); context {self.context!r} ({which})",
             skipped=skipped,
         )
 
@@ -168,6 +254,22 @@ class LocalProvider:
             result.stages.append(stage(progress))
         return result
 
+    def down_plan(self) -> DownPlan:
+        """What :meth:`down` would do; asks the engine how many sandboxes there are."""
+        try:
+            sandboxes: int | None = asyncio.run(self._remove_sandboxes(delete=False))
+        except OrchardError:
+            sandboxes = None
+        return DownPlan(
+            url=self.url,
+            state_dir=self.paths.state_dir,
+            pid=_read_pid(self.paths),
+            sandboxes=sandboxes,
+            instance=self.settings.instance,
+            context=self.context,
+            context_exists=self.context in config.load_config_file().get("contexts", {}),
+        )
+
     def down(self, progress: Progress) -> None:
         pid = _read_pid(self.paths)
         if pid is not None:
@@ -178,15 +280,17 @@ class LocalProvider:
             progress(f"removed {removed} sandbox container(s)")
         config.remove_context(self.context)
 
-    async def _remove_sandboxes(self) -> int:
+    async def _remove_sandboxes(self, *, delete: bool = True) -> int:
         """Delete the containers of this service (its instance and state dir), with or without
-        it running; another service's on the same engine are not listed, so never touched."""
+        it running (or, ``delete=False``, only count them); another service's on the same
+        engine are not listed, so never touched."""
         from orchard_env.orchestrator.backends.docker_engine import DockerEngineBackend
 
         backend = DockerEngineBackend(self.settings, bundle_dir=self.paths.bundle_cache)
         try:
             sandboxes = await backend.list()
-            await asyncio.gather(*(backend.delete(sb.sandbox_id) for sb in sandboxes))
+            if delete:
+                await asyncio.gather(*(backend.delete(sb.sandbox_id) for sb in sandboxes))
         finally:
             await backend.close()
         return len(sandboxes)

@@ -292,6 +292,7 @@ class ClusterDeployment:
         resume_command: str = "orchard up",
         consent: bool = False,
         smoke: bool = True,
+        make_current: bool = False,
         infra: AksTarget | KubeconfigTarget | None = None,
     ) -> None:
         if profile.target == "local":
@@ -304,6 +305,7 @@ class ClusterDeployment:
         self.resume_command = resume_command
         self.consent = consent
         self.smoke_enabled = smoke
+        self.make_current = make_current
         self._infra = infra
 
     @property
@@ -430,12 +432,14 @@ class ClusterDeployment:
                 "deploy/orchard-orchestrator -- orchard keys create admin --admin --local`, "
                 f"then `orchard context add {self.context} --url {result.endpoint} --api-key ...`",
             )
-        config.write_context(
+        current = config.write_context(
             self.context,
             {"url": result.endpoint, "api_key": api_key, "target": self.target},
+            make_current=self.make_current,
         )
         summary = (
-            f"Orchard at {result.endpoint} (namespace {result.namespace}); context {self.context!r}"
+            f"Orchard at {result.endpoint} (namespace {result.namespace}); context "
+            f"{self.context!r} ({'the current one' if current else 'not the current one'})"
         )
         return summary, {
             "endpoint": result.endpoint,

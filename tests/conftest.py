@@ -9,8 +9,12 @@ earlier sessions whose process is gone are removed when the engine is first used
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import os
 import re
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,3 +115,56 @@ def agent_bundle() -> Path:
     from orchard_env.agent.bundle import ensure_bundle
 
     return ensure_bundle(image_cache_dir().parent / "test-bundle")
+
+
+# ~/.bashrc as SWE-bench-style images have it: guarded against non-interactive shells, then
+# activating conda. The fake conda's python says who it is.
+GUARDED_BASHRC = b"""\
+[ -z "$PS1" ] && return
+export CONDA_DEFAULT_ENV=testbed
+export PATH="/opt/conda/envs/testbed/bin:$PATH"
+"""
+FAKE_PYTHON = b"#!/bin/sh\necho conda-testbed-python\n"
+
+
+def _conda_layer() -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for folder in (
+            "opt/conda",
+            "opt/conda/envs",
+            "opt/conda/envs/testbed",
+            "opt/conda/envs/testbed/bin",
+        ):
+            info = tarfile.TarInfo(folder)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        for name, data, mode in (
+            ("root/.bashrc", GUARDED_BASHRC, 0o644),
+            ("opt/conda/envs/testbed/bin/python", FAKE_PYTHON, 0o755),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="session")
+def conda_image(docker_client: docker.DockerClient, sandbox_image: str) -> str:
+    """The Debian sandbox image plus a guarded ``/root/.bashrc`` that activates a fake conda
+    env (``python`` prints ``conda-testbed-python``): only a shell that sources ~/.bashrc
+    as an interactive one sees it. Built once (committed from a container), then reused."""
+    layer = _conda_layer()
+    base = docker_client.images.get(sandbox_image).id
+    key = hashlib.sha256(layer + str(base).encode()).hexdigest()[:12]
+    name = f"localhost/orchard/test-conda:{key}"
+    with contextlib.suppress(docker.errors.ImageNotFound):
+        docker_client.images.get(name)
+        return name
+    container = docker_client.containers.create(sandbox_image, command=["true"])
+    try:
+        container.put_archive("/", layer)
+        container.commit(repository=name.rsplit(":", 1)[0], tag=key)
+    finally:
+        container.remove(force=True)
+    return name

@@ -94,9 +94,22 @@ def test_exec_request_rejects_empty_commands() -> None:
         protocol.ExecRequest(command=[])
 
 
-def test_command_text_keeps_argv_quoting() -> None:
-    assert protocol.command_text(["printf", "%s", "a b"]) == "printf %s 'a b'"
-    assert protocol.command_text("echo hi | wc") == "echo hi | wc"
+def test_a_list_command_is_joined_and_an_argv_is_kept_exact() -> None:
+    joined = protocol.ExecRequest(command=["ls", "*.py", ">", "out"])
+    assert (joined.agent_command, joined.text) == ("ls *.py > out", "ls *.py > out")
+    exact = protocol.ExecRequest(argv=["printf", "%s", "a b"])
+    assert exact.agent_command == ["printf", "%s", "a b"]
+    assert exact.text == "printf %s 'a b'"
+    assert protocol.ExecRequest(command="echo hi | wc").text == "echo hi | wc"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{}, {"command": "true", "argv": ["true"]}, {"command": ["", " "]}, {"argv": []}],
+)
+def test_exec_needs_exactly_one_non_empty_command(body: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        protocol.ExecRequest.model_validate(body)
 
 
 def test_job_status_done() -> None:

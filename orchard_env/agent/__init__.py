@@ -6,9 +6,14 @@ Kubernetes exec API): locally on a unix socket in a bind-mounted per-sandbox dir
 
 Agent wire protocol (HTTP/1.1, keep-alive; request bodies with Content-Length or chunked):
 
-Auth
-    Every request except ``GET /health`` carries ``Authorization: Bearer <token>`` (the
-    per-sandbox secret in the agent's ``ORCHARD_AGENT_TOKEN``); otherwise 401.
+Auth (:mod:`orchard_env.agent.daemon.proof`)
+    The agent starts with no key. The orchestrator's first request, ``POST /enroll {key,
+    env}``, gives it the sandbox's key and the environment its commands get (409 once
+    enrolled); no command can run before it. Every other request (and ``GET /health`` when it
+    carries one) has ``X-Orchard-Nonce``, ``X-Orchard-Body-Sha256`` and ``Authorization:
+    Orchard-HMAC <mac>`` over them, the method and the target (otherwise 401); every answer to
+    it carries ``X-Orchard-Proof``, and a job stream ends with a ``{"t": "p", "mac"}`` line.
+    The client treats an answer without a valid proof as tampering.
 
 Errors
     JSON ``{"code", "message"}`` with the status of the code: ``invalid_request`` 400,
@@ -17,22 +22,28 @@ Errors
     registered for the code.
 
 Routes
-    ``GET /health`` -> ``{"status": "ok", "pid", "version"}``
+    ``GET /health`` -> ``{"status": "ok", "pid", "version", "enrolled"}``
 
     ``POST /exec`` ``{job_id, command, cwd?, env?, timeout?, login_shell?, stdin?,
     max_output_bytes?}`` -> 200 ``application/x-ndjson``, chunked, one event per line while
     the command runs:
 
     * ``{"t": "o", "d": <base64 stdout chunk>}`` / ``{"t": "e", "d": <base64 stderr chunk>}``
-    * last: ``{"t": "x", "exit_code": int|null, "signal": int|null, "timed_out": bool,
-      "cancelled": bool, "truncated": bool, "error": str|null, "duration": float}``
+    * then ``{"t": "x", "exit_code": int|null, "signal": int|null, "timed_out": bool,
+      "cancelled": bool, "truncated": bool, "dropped": [int, int], "error": str|null,
+      "duration": float}``
+    * last: ``{"t": "p", "mac"}``, the proof over every byte of the stream before it
 
     A string ``command`` runs as ``/bin/bash -c`` (``/bin/sh -c`` without bash), a list as an
-    argv; ``login_shell`` uses ``bash -l -c`` (``sh -l -c`` without bash). Each command gets
-    its own session; a timeout or cancel SIGKILLs exactly its process group. Output past
-    ``max_output_bytes`` per stream is read and dropped (``truncated``). A missing ``cwd`` is
-    a 400; a missing binary ends with exit code 127 and ``error`` naming it. The agent
-    environment reaches the command without the agent's own variables, plus ``env``.
+    argv; ``login_shell`` uses an interactive login bash that sources ``~/.bashrc``
+    (``sh -l -c`` without bash). Each command gets
+    its own session and is a child subreaper; a timeout or cancel SIGKILLs its whole tree
+    (``setsid``/``nohup`` descendants and orphans included), nothing else. Past half of
+    ``max_output_bytes`` a stream's output goes to a ring of the other half, sent after the
+    command ended; ``dropped`` counts the bytes between head and tail (``truncated``). A
+    missing ``cwd`` is a 400; a missing binary ends with exit code 127 and ``error`` naming
+    it. The agent environment (with the enrolled ``env``) reaches the command without the
+    agent's own variables, plus the request's ``env``.
 
     Idempotency: a ``job_id`` the agent knows (running, or finished within the last hour) is
     never run again: the same request attaches, replaying the output from the start, then

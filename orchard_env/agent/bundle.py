@@ -39,7 +39,7 @@ RUN_DIR_MOUNT = "/run/orchard"
 SOCKET_NAME = "agent.sock"
 DEFAULT_PYTHON = Path("/usr/bin/python3.11")
 MIN_PYTHON = (3, 11)
-BUNDLE_FORMAT = 3  # bump when the layout or the pruning changes: ensure_bundle rebuilds
+BUNDLE_FORMAT = 4  # bump when the layout or the pruning changes: ensure_bundle rebuilds
 DAEMON_SOURCE = Path(__file__).with_name("daemon")  # shipped as the package orchard_agent
 DAEMON_PACKAGE = "orchard_agent"
 ENTRY = f"import {DAEMON_PACKAGE}.__main__\n"  # agent/__main__.py: run the package's entry
@@ -83,7 +83,6 @@ PRUNE_EXTENSIONS = frozenset(
         "readline",
         "_curses",
         "_curses_panel",
-        "_ctypes",
         "_ctypes_test",
         "_decimal",
         "_lzma",
@@ -277,6 +276,9 @@ def _shared_libraries(files: list[Path]) -> tuple[dict[str, Path], Path]:
 def _ignore_pruned(folder: str, names: list[str]) -> set[str]:
     ignored = {name for name in names if name in PRUNE_DIRS or name.startswith("config-3")}
     ignored.update(n for n in names if n.endswith((".opt-1.pyc", ".opt-2.pyc", ".exe")))
+    # A link out of the stdlib that leads nowhere (Debian's sitecustomize.py points into
+    # /etc/python3.11, which the agent never reads: it runs with -I -S).
+    ignored.update(n for n in names if not Path(folder, n).exists())
     return ignored
 
 

@@ -10,15 +10,22 @@ Exec is idempotent by ``job_id``: the agent never runs a job id twice, so when a
 on; the caller sees one uninterrupted stream. Only if the agent stays unreachable (or lost its
 memory of the job, e.g. it restarted) does the caller get
 :class:`~orchard_env.errors.AgentUnavailable` (or :class:`~orchard_env.errors.JobNotFound`).
+
+The other end is under the sandbox's control, so every connection and read goes through
+:mod:`orchard_env.agent.peer`: no symlink is followed, every reply is bounded, and whatever
+the real agent never sends raises :class:`~orchard_env.errors.AgentTampered` (and is reported
+to ``on_tampered``), never retried.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
+import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
@@ -27,10 +34,13 @@ from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from orchard_env import errors
+from orchard_env.agent import peer
+from orchard_env.agent.daemon import proof
 from orchard_env.protocol import FileEntry
 
 RESUME_DELAYS = (0.05, 0.2, 0.5, 1.0)  # between re-attach attempts of a broken job stream
-PTY_MAX_MESSAGE = 4 * 1024 * 1024
+PTY_MAX_MESSAGE = 1024 * 1024  # the agent's frames carry at most 64 KiB of output
+PTY_MAX_QUEUE = 4  # frames read ahead of the relay
 _STREAMS: dict[str, Literal["stdout", "stderr"]] = {"o": "stdout", "e": "stderr"}
 
 
@@ -48,8 +58,9 @@ class Exit:
 
     ``timed_out``: the agent killed it at its timeout (distinct from a command exiting 124);
     ``cancelled``: killed by :meth:`AgentClient.cancel`; ``truncated``: output went over
-    ``max_output_bytes`` on a stream; ``error``: it could not be started (e.g. the binary does
-    not exist, with exit code 127).
+    ``max_output_bytes`` on a stream; ``dropped``: bytes (stdout, stderr) the agent cut out
+    between a stream's head and its tail; ``error``: it could not be started (e.g. the binary
+    does not exist, with exit code 127).
     """
 
     exit_code: int | None
@@ -59,9 +70,21 @@ class Exit:
     truncated: bool
     error: str | None
     duration: float
+    dropped: tuple[int, int] = (0, 0)
 
 
 AgentEvent = Output | Exit
+
+
+def _dropped(value: Any) -> tuple[int, int]:
+    """The exit event's ``dropped`` (absent from older agents): two non-negative counts."""
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value)
+    ):
+        return (value[0], value[1])
+    return (0, 0)
 
 
 class FileStream:
@@ -71,16 +94,21 @@ class FileStream:
     :meth:`aclose`, for a download given up before it started).
     """
 
-    def __init__(self, response: httpx.Response, client: AgentClient) -> None:
+    def __init__(self, response: httpx.Response, client: AgentClient, size: int) -> None:
         self._response = response
         self._client = client
-        length = response.headers.get("Content-Length")
-        self.size: int | None = int(length) if length is not None else None
-        """The file's size in bytes (the agent's Content-Length; None if it sent none)."""
+        self.size = size
+        """The file's size in bytes (the agent's Content-Length)."""
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        sent = 0
         try:
             async for chunk in self._response.aiter_raw():
+                sent += len(chunk)
+                if sent > self.size:
+                    raise self._client._tampered(
+                        f"the agent sent more than the {self.size} bytes it announced"
+                    )
                 yield chunk
         except httpx.TransportError as exc:
             raise self._client._unavailable(exc) from exc
@@ -94,8 +122,9 @@ class FileStream:
 class AgentPty:
     """A PTY session on the agent: upstream's JSON frames, sent and received as dicts."""
 
-    def __init__(self, ws: ClientConnection) -> None:
+    def __init__(self, ws: ClientConnection, tampered: peer.Tampered) -> None:
         self._ws = ws
+        self._tampered = tampered
 
     async def __aenter__(self) -> AgentPty:
         return self
@@ -116,9 +145,12 @@ class AgentPty:
             raw = await self._ws.recv()
         except ConnectionClosed:
             return None
-        message = json.loads(raw)
+        try:
+            message = json.loads(raw)
+        except ValueError:
+            message = None
         if not isinstance(message, dict):
-            raise errors.OrchardError(f"the agent sent a PTY frame that is not an object: {raw!r}")
+            raise self._tampered(f"the agent sent a PTY frame that is not an object: {raw[:200]!r}")
         return message
 
     @property
@@ -140,22 +172,35 @@ class AgentClient:
         uds: str | None = None,
         base_url: str | None = None,
         timeout: float = 30.0,
+        env: dict[str, str] | None = None,
+        on_tampered: Callable[[errors.AgentTampered], None] | None = None,
     ) -> None:
+        """``token`` is the sandbox's key (see :mod:`orchard_env.agent.proof`); ``env`` the
+        sandbox's environment for its commands, handed to the agent with the key when it is
+        enrolled (:meth:`wait_ready`). ``on_tampered`` hears of every
+        :class:`~orchard_env.errors.AgentTampered` before it is raised (the orchestrator
+        fails the sandbox)."""
         if (uds is None) == (base_url is None):
             raise errors.InvalidRequest("AgentClient needs exactly one of uds= or base_url=")
         if not token:
             raise errors.InvalidRequest("AgentClient needs the sandbox's agent token (token=)")
         self._token = token
+        self._key = token.encode()
+        self._env = dict(env or {})
         self._uds = uds
         self._base_url = (base_url or "http://agent").rstrip("/")
         self._where = uds if uds is not None else self._base_url
         self._timeout = timeout
-        self._http = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=uds, retries=1),
+        self._on_tampered = on_tampered
+        self._http = self._new_http(
+            httpx.Limits(max_keepalive_connections=32, keepalive_expiry=60.0)
+        )
+
+    def _new_http(self, limits: httpx.Limits) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            transport=peer.transport(uds=self._uds, limits=limits, tampered=self._tampered),
             base_url=self._base_url,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=httpx.Timeout(timeout),
-            limits=httpx.Limits(max_keepalive_connections=32, keepalive_expiry=60.0),
+            timeout=httpx.Timeout(self._timeout),
         )
 
     async def __aenter__(self) -> AgentClient:
@@ -172,6 +217,80 @@ class AgentClient:
     def _unavailable(self, exc: Exception) -> errors.AgentUnavailable:
         return errors.AgentUnavailable(f"agent at {self._where} is unreachable: {exc!r}")
 
+    def _tampered(self, message: str) -> errors.AgentTampered:
+        error = errors.AgentTampered(
+            f"agent at {self._where}: {message}",
+            hint="code in the sandbox interfered with its agent; the sandbox is failed",
+        )
+        if self._on_tampered is not None:
+            self._on_tampered(error)
+        return error
+
+    def _sign(self, method: str, target: str, body: str) -> tuple[str, dict[str, str]]:
+        """(nonce, headers) authenticating one request to the agent."""
+        nonce = secrets.token_hex(16)
+        mac = proof.request_mac(self._key, nonce, method, target, body)
+        headers = {
+            proof.NONCE_HEADER: nonce,
+            proof.BODY_HEADER: body,
+            "Authorization": f"{proof.SCHEME} {mac}",
+        }
+        return nonce, headers
+
+    def _signed(
+        self,
+        method: str,
+        url: str,
+        *,
+        params: dict[str, str] | None = None,
+        content: bytes | AsyncIterable[bytes] | None = None,
+        timeout: httpx.Timeout | float | None = None,
+    ) -> tuple[httpx.Request, str]:
+        """A request carrying its MAC (the body's digest included unless it is streamed)."""
+        if isinstance(content, bytes):
+            body = proof.digest(content)
+        elif content is None:
+            body = proof.digest(b"")
+        else:
+            body = proof.UNSIGNED_BODY
+        request = self._http.build_request(
+            method,
+            url,
+            params=params,
+            content=content,
+            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
+        )
+        nonce, headers = self._sign(method, request.url.raw_path.decode("ascii"), body)
+        request.headers.update(headers)
+        return request, nonce
+
+    def _check_proof(self, response: httpx.Response, nonce: str, body: str) -> None:
+        """The answer came from the agent holding the sandbox's key, else tampering."""
+        given = response.headers.get(proof.PROOF_HEADER, "")
+        expected = proof.response_mac(self._key, nonce, response.status_code, body)
+        if not proof.same(given, expected):
+            raise self._tampered(
+                "its answer carries no valid proof of the sandbox's key: "
+                "something other than the sandbox's agent answered"
+            )
+
+    async def _fail(self, response: httpx.Response, nonce: str) -> NoReturn:
+        """Raise the error of a non-200 answer (proven, except a 401 for a wrong key)."""
+        body = await self._error_body(response)
+        if response.status_code != 401:
+            self._check_proof(response, nonce, proof.digest(body))
+        self._raise_error(response.status_code, body)
+
+    async def _error_body(self, response: httpx.Response) -> bytes:
+        return await peer.read_capped(response, peer.MAX_ERROR_BYTES, "an error", self._tampered)
+
+    def _json(self, body: bytes) -> Any:
+        try:
+            return json.loads(body)
+        except ValueError:
+            message = f"the agent sent a reply that is not JSON: {body[:200]!r}"
+            raise self._tampered(message) from None
+
     def _raise_error(self, status: int, body: bytes) -> NoReturn:
         try:
             payload = json.loads(body)
@@ -187,29 +306,97 @@ class AgentClient:
             raise cls(message, hint="the orchestrator holds a different token for this sandbox")
         raise cls(message)
 
-    async def _request(self, method: str, url: str, **kwargs: Any) -> Any:
+    async def _request(
+        self,
+        method: str,
+        url: str,
+        *,
+        http: httpx.AsyncClient | None = None,
+        params: dict[str, str] | None = None,
+        content: bytes | AsyncIterable[bytes] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the request's, passed to httpx
+    ) -> Any:
+        """One signed request and its proven JSON answer."""
+        request, nonce = self._signed(method, url, params=params, content=content, timeout=timeout)
         try:
-            response = await self._http.request(method, url, **kwargs)
+            response = await (http or self._http).send(request, stream=True)
+            try:
+                if response.status_code != 200:
+                    await self._fail(response, nonce)
+                body = await peer.read_capped(
+                    response, peer.MAX_JSON_BYTES, "a JSON reply", self._tampered
+                )
+            finally:
+                await response.aclose()
         except httpx.TransportError as exc:
             raise self._unavailable(exc) from exc
-        if response.status_code != 200:
-            self._raise_error(response.status_code, response.content)
-        return response.json()
+        self._check_proof(response, nonce, proof.digest(body))
+        return self._json(body)
+
+    async def _liveness(self, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
+        """The agent's unauthenticated ``GET /health`` (it answers before it is enrolled)."""
+        try:
+            async with self._http.stream("GET", "/health", timeout=timeout) as response:
+                body = await peer.read_capped(
+                    response, peer.MAX_ERROR_BYTES, "a health answer", self._tampered
+                )
+        except httpx.TransportError as exc:
+            raise self._unavailable(exc) from exc
+        result = self._json(body)
+        if response.status_code != 200 or not isinstance(result, dict):
+            raise self._tampered(f"the agent's health answer is HTTP {response.status_code}")
+        return result
+
+    async def enroll(self) -> None:
+        """Hand the agent the sandbox's key and environment, once, before anything runs.
+
+        An agent enrolled already must hold this very key (an orchestrator that restarted
+        enrolled it before); one enrolled with another key is tampering.
+        """
+        content = json.dumps({"key": self._token, "env": self._env}).encode()
+        try:
+            await self._request("POST", "/enroll", content=content)
+        except errors.Conflict:
+            pass  # a proven 409: enrolled with this key already
+        except errors.AuthenticationRequired:
+            raise self._tampered("the agent was enrolled with another key") from None
 
     # health
 
     async def health(self) -> dict[str, Any]:
-        """The agent's ``{"status", "pid", "version"}``; AgentUnavailable when unreachable."""
+        """The agent's ``{"status", "pid", "version", "enrolled"}``, proven to come from the
+        agent holding the key; AgentUnavailable when unreachable."""
         result: dict[str, Any] = await self._request("GET", "/health")
         return result
 
+    async def probe(self, timeout: float) -> str | None:  # noqa: ASYNC109 - a deadline
+        """Check the agent on a fresh connection (a pooled one outlives a removed socket).
+
+        None when it answered, or merely not in time (a busy sandbox is not a dead one);
+        else why nothing listens at its endpoint (the socket is gone, the connection is
+        refused). Tampering raises :class:`~orchard_env.errors.AgentTampered`.
+        """
+        http = self._new_http(httpx.Limits(max_keepalive_connections=0))
+        try:
+            await self._request("GET", "/health", http=http, timeout=timeout)
+        except errors.AgentUnavailable as exc:
+            if isinstance(exc.__cause__, httpx.ConnectError):
+                return str(exc.__cause__) or "the connection was refused"
+        finally:
+            await http.aclose()
+        return None
+
     async def wait_ready(self, timeout: float) -> None:  # noqa: ASYNC109 - a deadline
-        """Poll :meth:`health` with a short backoff until it answers or ``timeout`` passes."""
+        """Poll the agent's health with a short backoff until it answers or ``timeout``
+        passes; then enroll it (:meth:`enroll`) if it is not yet, and prove it holds the key."""
         deadline = time.monotonic() + timeout
         delay = 0.01
         while True:
             try:
-                await self._request("GET", "/health", timeout=max(0.1, min(2.0, timeout)))
+                status = await self._liveness(max(0.1, min(2.0, timeout)))
+                if not status.get("enrolled"):
+                    await self.enroll()
+                await self.health()
                 return
             except errors.AgentUnavailable as exc:
                 if time.monotonic() + delay > deadline:
@@ -253,58 +440,96 @@ class AgentClient:
         if stdin is not None:
             payload["stdin"] = base64.b64encode(stdin).decode()
         read_timeout = None if timeout is None else timeout + 30.0
-        return self._job_stream("POST", "/exec", payload, read_timeout)
+        return self._job_stream("POST", "/exec", payload, read_timeout, max_output_bytes)
 
-    def attach(self, job_id: str) -> AsyncGenerator[AgentEvent, None]:
-        """Follow a job the agent knows: its output from the start, then live, then its exit."""
-        return self._job_stream("GET", f"/exec/{job_id}", None, None)
+    def attach(
+        self, job_id: str, *, max_output_bytes: int | None = None
+    ) -> AsyncGenerator[AgentEvent, None]:
+        """Follow a job the agent knows: its output from the start, then live, then its exit
+        (``max_output_bytes``: the cap it was started with, which bounds what is read)."""
+        return self._job_stream("GET", f"/exec/{job_id}", None, None, max_output_bytes)
 
     async def cancel(self, job_id: str) -> bool:
         """Kill a running job's process group; False if it had already finished."""
         result = await self._request("POST", f"/exec/{job_id}/cancel")
         return bool(result["cancelled"])
 
+    def _event(self, line: bytes, cap: int, seen: dict[str, int]) -> AgentEvent:
+        """One line of a job stream as an event; anything the agent never sends is tampering
+        (``seen``: output bytes so far per stream in this response, at most ``cap`` each)."""
+        try:
+            event = json.loads(line)
+            if event["t"] == "x":
+                return Exit(
+                    exit_code=event["exit_code"],
+                    signal=event["signal"],
+                    timed_out=bool(event["timed_out"]),
+                    cancelled=bool(event["cancelled"]),
+                    truncated=bool(event["truncated"]),
+                    error=event["error"],
+                    duration=float(event["duration"]),
+                    dropped=_dropped(event.get("dropped")),
+                )
+            stream = _STREAMS[event["t"]]
+            data = base64.b64decode(event["d"], validate=True)
+        except (ValueError, KeyError, TypeError):
+            raise self._tampered(f"the agent sent a bad job event: {line[:200]!r}") from None
+        seen[stream] += len(data)
+        if seen[stream] > cap:
+            raise self._tampered(f"the agent sent more {stream} than the job's cap of {cap} bytes")
+        return Output(stream, data)
+
     async def _job_stream(
-        self, method: str, url: str, payload: dict[str, Any] | None, read_timeout: float | None
+        self,
+        method: str,
+        url: str,
+        payload: dict[str, Any] | None,
+        read_timeout: float | None,
+        max_output: int | None,
     ) -> AsyncGenerator[AgentEvent, None]:
         delivered = {"stdout": 0, "stderr": 0}
+        cap = peer.AGENT_DEFAULT_MAX_OUTPUT if max_output is None else max_output
         timeout = httpx.Timeout(self._timeout, read=read_timeout)
+        content = None if payload is None else json.dumps(payload).encode()
         for delay in (*RESUME_DELAYS, None):
             final: Exit | None = None
+            proven = False
+            request, nonce = self._signed(method, url, content=content, timeout=timeout)
             try:
-                async with self._http.stream(method, url, json=payload, timeout=timeout) as resp:
+                resp = await self._http.send(request, stream=True)
+                try:
                     if resp.status_code != 200:
-                        self._raise_error(resp.status_code, await resp.aread())
+                        await self._fail(resp, nonce)
+                    self._check_proof(resp, nonce, proof.STREAM)
                     seen = {"stdout": 0, "stderr": 0}
-                    # Read to the end of the response (the exit event is last): only a fully
-                    # read response leaves its connection reusable for the next call.
-                    async for line in resp.aiter_lines():
-                        if not line:
+                    sent = hashlib.sha256()
+                    lines = peer.capped_lines(resp, peer.stream_bytes_limit(cap), self._tampered)
+                    # Read to the end of the response (the proof is last): only a fully read
+                    # response leaves its connection reusable for the next call.
+                    async for line in lines:
+                        if proven:
+                            raise self._tampered("the agent sent events after its proof")
+                        if final is not None:
+                            proven = self._stream_proof(line, nonce, sent.hexdigest())
                             continue
-                        event = json.loads(line)
-                        if event["t"] == "x":
-                            final = Exit(
-                                exit_code=event["exit_code"],
-                                signal=event["signal"],
-                                timed_out=event["timed_out"],
-                                cancelled=event["cancelled"],
-                                truncated=event["truncated"],
-                                error=event["error"],
-                                duration=event["duration"],
-                            )
+                        sent.update(line + b"\n")
+                        event = self._event(line, cap, seen)
+                        if isinstance(event, Exit):
+                            final = event
                             continue
-                        stream = _STREAMS[event["t"]]
-                        data = base64.b64decode(event["d"])
                         # After a re-attach the agent replays from the start: skip what the
                         # caller already has.
-                        skip = delivered[stream] - seen[stream]
-                        seen[stream] += len(data)
-                        if skip < len(data):
-                            data = data[max(skip, 0) :]
-                            delivered[stream] += len(data)
-                            yield Output(stream, data)
+                        skip = delivered[event.stream] - (seen[event.stream] - len(event.data))
+                        if skip < len(event.data):
+                            data = event.data[max(skip, 0) :]
+                            delivered[event.stream] += len(data)
+                            yield Output(event.stream, data)
+                finally:
+                    await resp.aclose()
                 if final is None:
                     raise httpx.RemoteProtocolError("the job stream ended before its exit event")
+                if not proven:
+                    raise self._tampered("the job stream ended without the agent's proof")
             except httpx.TransportError as exc:
                 if final is None:
                     if delay is None:
@@ -314,23 +539,47 @@ class AgentClient:
             yield final
             return
 
+    def _stream_proof(self, line: bytes, nonce: str, stream_digest: str) -> bool:
+        """True for the valid proof line of a job stream, else tampering."""
+        try:
+            given = json.loads(line)
+            valid = given["t"] == "p" and proof.same(
+                str(given["mac"]), proof.stream_mac(self._key, nonce, stream_digest)
+            )
+        except (ValueError, KeyError, TypeError):
+            valid = False
+        if not valid:
+            raise self._tampered(
+                "the job stream's proof does not hold: "
+                "something other than the sandbox's agent sent it or changed it"
+            )
+        return True
+
     # files
 
     async def open_file(self, path: str) -> FileStream:
         """Start a download: its size is known before any byte is read (FileNotFound if
         missing, InvalidRequest for a directory, raised here rather than mid-stream)."""
-        request = self._http.build_request("GET", "/files", params={"path": path})
+        request, nonce = self._signed("GET", "/files", params={"path": path})
         try:
             response = await self._http.send(request, stream=True)
             if response.status_code != 200:
                 try:
-                    body = await response.aread()
+                    await self._fail(response, nonce)
                 finally:
                     await response.aclose()
-                self._raise_error(response.status_code, body)
         except httpx.TransportError as exc:
             raise self._unavailable(exc) from exc
-        return FileStream(response, self)
+        try:
+            self._check_proof(response, nonce, proof.RAW)
+        except errors.AgentTampered:
+            await response.aclose()
+            raise
+        length = response.headers.get("Content-Length", "")
+        if not length.isdigit():
+            await response.aclose()
+            raise self._tampered(f"the agent sent a file without a valid size ({length!r})")
+        return FileStream(response, self, int(length))
 
     async def read_file(self, path: str) -> AsyncIterator[bytes]:
         """Stream a file's bytes (see :meth:`open_file` for the size and the errors)."""
@@ -372,19 +621,29 @@ class AgentClient:
 
     async def open_pty(self) -> AgentPty:
         """Open a PTY WebSocket; send the ``init`` frame next (within 10 s)."""
+        nonce, headers = self._sign("GET", "/pty", proof.digest(b""))
         options: dict[str, Any] = {
-            "additional_headers": {"Authorization": f"Bearer {self._token}"},
+            "additional_headers": headers,
             "compression": None,
             "open_timeout": self._timeout,
             "max_size": PTY_MAX_MESSAGE,
+            "max_queue": PTY_MAX_QUEUE,
         }
         try:
             if self._uds is not None:
-                ws = await unix_connect(self._uds, uri="ws://agent/pty", **options)
+                with peer.socket_path(self._uds, self._tampered) as path:
+                    ws = await unix_connect(path, uri="ws://agent/pty", **options)
             else:
                 ws = await connect("ws" + self._base_url.removeprefix("http") + "/pty", **options)
         except InvalidStatus as exc:
             self._raise_error(exc.response.status_code, bytes(exc.response.body or b""))
         except (OSError, InvalidHandshake, TimeoutError) as exc:
             raise self._unavailable(exc) from exc
-        return AgentPty(ws)
+        given = ws.response.headers.get(proof.PROOF_HEADER, "") if ws.response else ""
+        if not proof.same(given, proof.response_mac(self._key, nonce, 101, proof.UPGRADE)):
+            await ws.close()
+            raise self._tampered(
+                "its PTY handshake carries no valid proof of the sandbox's key: "
+                "something other than the sandbox's agent answered"
+            )
+        return AgentPty(ws, self._tampered)

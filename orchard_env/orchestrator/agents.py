@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from orchard_env.agent.client import AgentClient
-from orchard_env.errors import AgentUnavailable
+from orchard_env.errors import AgentTampered, AgentUnavailable
 from orchard_env.orchestrator.backends.base import AgentEndpoint
 from orchard_env.orchestrator.records import SandboxRecord
 
@@ -16,6 +17,8 @@ class AgentPool:
         self._clients: dict[str, tuple[AgentEndpoint, AgentClient]] = {}
         # Clients replaced because a sandbox's endpoint changed; streams may still use them.
         self._stale: dict[str, list[AgentClient]] = {}
+        self.on_tampered: Callable[[str, AgentTampered], None] | None = None
+        """Hears (sandbox id, error) of every integrity failure of an agent."""
 
     def client(self, record: SandboxRecord) -> AgentClient:
         """The sandbox's client, made on first use (or again if its endpoint changed)."""
@@ -33,9 +36,15 @@ class AgentPool:
             token=endpoint.token,
             uds=endpoint.uds,
             base_url=None if endpoint.uds is not None else endpoint.base_url(),
+            env=record.env,
+            on_tampered=lambda error: self._tampered(record.sandbox_id, error),
         )
         self._clients[record.sandbox_id] = (endpoint, client)
         return client
+
+    def _tampered(self, sandbox_id: str, error: AgentTampered) -> None:
+        if self.on_tampered is not None:
+            self.on_tampered(sandbox_id, error)
 
     async def drop(self, sandbox_id: str) -> None:
         clients = self._stale.pop(sandbox_id, [])

@@ -18,6 +18,7 @@ from orchard_env.orchestrator.api.errors import (
     document_errors,
     install_error_handlers,
 )
+from orchard_env.orchestrator.api.limits import BodyLimitMiddleware
 from orchard_env.orchestrator.backends import make_backend
 from orchard_env.orchestrator.backends.base import Backend
 from orchard_env.orchestrator.keys import import_key_file
@@ -76,6 +77,7 @@ def create_app(
     )
     install_error_handlers(app)
     document_errors(app)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware)
     app.include_router(router())
     return app

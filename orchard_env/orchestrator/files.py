@@ -6,9 +6,9 @@ Relative paths are resolved by the agent against the sandbox's working directory
 from __future__ import annotations
 
 import base64
-import binascii
+import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 
 from orchard_env.agent.client import AgentClient, Exit, FileStream
 from orchard_env.errors import InvalidRequest
@@ -17,7 +17,6 @@ from orchard_env.orchestrator.auth import Caller
 from orchard_env.orchestrator.records import SandboxRecord
 from orchard_env.orchestrator.sandboxes import SandboxService
 from orchard_env.protocol import (
-    FileContent,
     FileDeleteResult,
     FileList,
     FileUpload,
@@ -29,6 +28,20 @@ from orchard_env.protocol import (
 )
 
 MAX_PATCH_OUTPUT = 1024 * 1024
+
+
+async def base64_json(path: str, chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    """``{"path", "content": base64, "size"}`` (:class:`FileContent`), a chunk at a time."""
+    yield b'{"path":' + json.dumps(path).encode() + b',"content":"'
+    size = 0
+    rest = b""
+    async for chunk in chunks:
+        size += len(chunk)
+        data = rest + chunk
+        whole = len(data) - len(data) % 3  # base64 of whole 3-byte groups has no padding
+        yield base64.b64encode(data[:whole])
+        rest = data[whole:]
+    yield base64.b64encode(rest) + b'","size":' + str(size).encode() + b"}"
 
 
 class FileService:
@@ -46,16 +59,18 @@ class FileService:
     async def upload(self, sandbox_id: str, upload: FileUpload, caller: Caller) -> FileUploadResult:
         try:
             data = base64.b64decode(upload.content, validate=True)
-        except binascii.Error as exc:
+        except ValueError as exc:  # binascii.Error, or a character that is not ASCII
             raise InvalidRequest(f"content is not valid base64: {exc}") from exc
         _, agent = await self._agent(sandbox_id, caller)
         size = await agent.write_file(upload.path, data, upload.mode)
         return FileUploadResult(path=upload.path, size=size)
 
-    async def download(self, sandbox_id: str, path: str, caller: Caller) -> FileContent:
+    async def download(self, sandbox_id: str, path: str, caller: Caller) -> AsyncIterator[bytes]:
+        """Upstream's :class:`FileContent` as JSON text, encoded while the file streams from
+        the agent, so a download holds a chunk in memory, whatever the file's size. A missing
+        file is an error (404) here, before any byte."""
         _, agent = await self._agent(sandbox_id, caller)
-        data = b"".join([chunk async for chunk in agent.read_file(path)])
-        return FileContent(path=path, content=base64.b64encode(data).decode(), size=len(data))
+        return base64_json(path, await agent.open_file(path))
 
     # --- streamed routes -------------------------------------------------------------------
 

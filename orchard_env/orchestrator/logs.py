@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 
@@ -21,6 +23,17 @@ _STANDARD_ATTRS = frozenset(
 # A key can reach a log line through a URL (the PTY route accepts ?api_key=, and uvicorn logs
 # WebSocket paths with their query): mask anything shaped like one.
 _SECRETS = re.compile(r"(api_key[=.:]\s*|ork_[0-9a-f]{10}_)[^\s&\"',;]+")
+
+
+@contextmanager
+def isolated(logger: logging.Logger, action: str, **ids: str) -> Iterator[None]:
+    """Run one item of a loop over many (the reaper's passes): an error is logged with its
+    traceback and the loop carries on with the next item, so one bad record never stops the
+    others from being reconciled or expired."""
+    try:
+        yield
+    except Exception:
+        logger.exception(f"{action} failed; carrying on with the rest", extra=ids)
 
 
 def redact(text: str) -> str:

@@ -1,5 +1,6 @@
-"""The reaper: one loop that reconciles with the backend, expires what should go
-(sandboxes, and snapshots with their images) and has the warm pools replace theirs."""
+"""The reaper: one loop that reconciles with the backend, probes the agents of ready
+sandboxes, expires what should go (sandboxes, and snapshots with their images) and has the
+warm pools replace theirs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from orchard_env.config import ServiceSettings
+from orchard_env.orchestrator.health import AgentHealth
+from orchard_env.orchestrator.logs import isolated
 from orchard_env.orchestrator.pools import PoolService
 from orchard_env.orchestrator.sandboxes import SandboxService
 from orchard_env.orchestrator.snapshots import SnapshotService
@@ -24,6 +27,7 @@ class Reaper:
         store: Store,
         sandboxes: SandboxService,
         snapshots: SnapshotService,
+        health: AgentHealth,
         pools: PoolService,
         clock: Callable[[], datetime],
     ) -> None:
@@ -31,17 +35,29 @@ class Reaper:
         self.store = store
         self.sandboxes = sandboxes
         self.snapshots = snapshots
+        self.health = health
         self.pools = pools
         self.clock = clock
 
     async def run_pass(self, now: datetime | None = None) -> None:
-        """One pass: reconcile; TTL, idle and readiness expiry; pool refill; snapshot
-        collection; purge old jobs and records."""
+        """One pass: reconcile; agent probes; TTL, idle and readiness expiry; pool refill;
+        snapshot collection; purge old jobs and records."""
         now = now or self.clock()
-        await self.sandboxes.reconcile()
-        await self.sandboxes.expire(now)
-        await self.pools.wake_all()
-        await self.snapshots.collect(now)
+        # Each step on its own: a failing one is logged and the others still run.
+        with isolated(log, "reconciliation"):
+            await self.sandboxes.reconcile()
+        with isolated(log, "agent health probes"):
+            await self.health.probe_all()
+        with isolated(log, "sandbox expiry"):
+            await self.sandboxes.expire(now)
+        with isolated(log, "pool refill"):
+            await self.pools.wake_all()
+        with isolated(log, "snapshot collection"):
+            await self.snapshots.collect(now)
+        with isolated(log, "purging old records"):
+            await self._purge(now)
+
+    async def _purge(self, now: datetime) -> None:
         cutoff = now - timedelta(seconds=self.settings.job_retention_seconds)
         purged_jobs = await self.store.purge_jobs(cutoff)
         purged_sandboxes = await self.store.purge_sandboxes(cutoff)

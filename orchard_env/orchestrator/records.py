@@ -38,11 +38,24 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+LATEST = datetime.max.replace(tzinfo=UTC)
+
+
+def later(start: datetime, seconds: float) -> datetime:
+    """``start + seconds``, saturating at the end of time: a stored record with an absurd
+    duration (written before the API bounded them) reads as "never" instead of raising."""
+    try:
+        return start + timedelta(seconds=seconds)
+    except OverflowError:
+        return LATEST
+
+
 class SandboxRecord(BaseModel):
     sandbox_id: str
     image: str
     cpu: float
     memory_bytes: int
+    disk_bytes: int | None = None  # None: the backend's default
     block_network: bool = True
     workdir: str = "/workspace"
     env: dict[str, str] = Field(default_factory=dict)
@@ -79,13 +92,19 @@ class SandboxRecord(BaseModel):
         """When the reaper will remove it: the earlier of its TTL and its idle expiry."""
         candidates = []
         if self.ttl_seconds:
-            candidates.append(self.created_at + timedelta(seconds=self.ttl_seconds))
+            candidates.append(self.ttl_deadline())
         if self.idle_timeout_seconds:
-            candidates.append(self.last_activity_at + timedelta(seconds=self.idle_timeout_seconds))
+            candidates.append(self.idle_deadline())
         return min(candidates) if candidates else None
 
+    def ttl_deadline(self) -> datetime:
+        return later(self.created_at, self.ttl_seconds)
+
+    def idle_deadline(self) -> datetime:
+        return later(self.last_activity_at, self.idle_timeout_seconds)
+
     def ready_deadline(self) -> datetime:
-        return self.created_at + timedelta(seconds=self.ready_timeout_seconds)
+        return later(self.created_at, self.ready_timeout_seconds)
 
     def usage_row(self, started_at: datetime) -> UsageRow:
         return UsageRow(
@@ -107,6 +126,7 @@ class SandboxRecord(BaseModel):
             block_network=self.block_network,
             cpu=f"{self.cpu:g}",
             memory=format_memory(self.memory_bytes),
+            disk=None if self.disk_bytes is None else format_memory(self.disk_bytes),
             created_at=self.created_at,
             ready=self.status == SandboxStatus.READY,
             status=self.status,
@@ -214,6 +234,7 @@ class SnapshotRecord(BaseModel):
     # what a sandbox restored from it gets: the source sandbox's
     cpu: float
     memory_bytes: int
+    disk_bytes: int | None = None
     block_network: bool
     workdir: str
     env: dict[str, str] = Field(default_factory=dict)
@@ -229,7 +250,7 @@ class SnapshotRecord(BaseModel):
         return self.deleted_at is not None
 
     def expires_at(self) -> datetime | None:
-        return self.created_at + timedelta(seconds=self.ttl_seconds) if self.ttl_seconds else None
+        return later(self.created_at, self.ttl_seconds) if self.ttl_seconds else None
 
     def to_wire(self) -> Snapshot:
         return Snapshot(

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from orchard_env.config import ServiceSettings
 from orchard_env.errors import (
+    InvalidRequest,
     LimitExceeded,
     QuotaExceeded,
     SandboxExists,
@@ -42,6 +43,7 @@ from orchard_env.orchestrator.backends.base import (
     SandboxState,
     not_your_snapshot,
 )
+from orchard_env.orchestrator.logs import isolated
 from orchard_env.orchestrator.records import LIVE_STATUSES, PoolRecord, SandboxRecord, pool_key
 from orchard_env.orchestrator.store import Store
 from orchard_env.protocol import (
@@ -52,8 +54,9 @@ from orchard_env.protocol import (
     SandboxList,
     SandboxStatus,
     format_memory,
-    parse_cpu,
     parse_memory,
+    sandbox_cpu,
+    sandbox_memory,
 )
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,18 @@ TOUCH_PERSIST_SECONDS = 5.0
 CONTAINER_CHECK_MAX_SECONDS = 5.0
 """While a sandbox starts, the longest its container goes uninspected."""
 _DEAD_STATES = (SandboxState.EXITED, SandboxState.FAILED)
+MEMORY_PER_PID = 1024 * 1024
+"""A sandbox may run one process per MiB of its memory limit (at least MIN_PIDS, at most the
+``pids_limit`` setting), so a fork bomb runs out of process slots before it runs the sandbox
+out of memory and starves the agent."""
+MIN_PIDS = 128
+
+
+def pids_for(memory_bytes: int, ceiling: int) -> int:
+    """The process limit that fits a sandbox's memory limit (see :data:`MEMORY_PER_PID`)."""
+    return min(ceiling, max(MIN_PIDS, memory_bytes // MEMORY_PER_PID))
+
+
 SETTLED_STATUSES = frozenset({SandboxStatus.READY, SandboxStatus.FAILED, SandboxStatus.DELETED})
 
 
@@ -74,7 +89,14 @@ def new_sandbox_id() -> str:
     return "sb-" + secrets.token_hex(6)
 
 
-def dead_reason(found: BackendSandbox) -> str:
+def dead_reason(found: BackendSandbox, memory_bytes: int) -> str:
+    """Why a sandbox's container stopped; an out-of-memory kill says so, with the limit."""
+    if found.reason is not None and found.reason.startswith("OOMKilled"):
+        code = f", exit code {found.exit_code}" if found.exit_code is not None else ""
+        return (
+            "OOMKilled: its container was killed for using more than its memory limit of "
+            f"{format_memory(memory_bytes)}{code}; give it more with `memory` at create"
+        )
     details = []
     if found.exit_code is not None:
         details.append(f"exit code {found.exit_code}")
@@ -172,8 +194,13 @@ class SandboxService:
                 hint="delete it and create a new one",
             )
 
-    async def get(self, sandbox_id: str, caller: Caller) -> SandboxInfo:
-        return (await self.get_record(sandbox_id, caller)).to_info(self.settings)
+    async def get(
+        self, sandbox_id: str, caller: Caller, *, include_deleted: bool = False
+    ) -> SandboxInfo:
+        record = await self.get_record(sandbox_id, caller)
+        if record.status == SandboxStatus.DELETED and not include_deleted:
+            self._require_live(record)
+        return record.to_info(self.settings)
 
     async def list(
         self,
@@ -188,14 +215,14 @@ class SandboxService:
             include_deleted=include_deleted or status == SandboxStatus.DELETED,
         )
         wanted = labels or {}
-        return SandboxList(
-            sandboxes=[
-                record.to_info(self.settings)
-                for record in records
-                if (status is None or record.status == status)
-                and all(record.labels.get(k) == v for k, v in wanted.items())
-            ]
-        )
+        infos = []
+        for record in records:
+            if (status is None or record.status == status) and all(
+                record.labels.get(k) == v for k, v in wanted.items()
+            ):
+                with isolated(log, "showing a sandbox", sandbox_id=record.sandbox_id):
+                    infos.append(record.to_info(self.settings))
+        return SandboxList(sandboxes=infos)
 
     # --- create ------------------------------------------------------------------------------
 
@@ -204,9 +231,9 @@ class SandboxService:
     ) -> tuple[float, int]:
         """Cores and bytes of a request (the service's defaults where it names none), within
         the service's caps."""
-        cpu = self.settings.default_cpu if cpu_asked is None else parse_cpu(cpu_asked)
+        cpu = self.settings.default_cpu if cpu_asked is None else sandbox_cpu(cpu_asked)
         memory = (
-            self.settings.default_memory if memory_asked is None else parse_memory(memory_asked)
+            self.settings.default_memory if memory_asked is None else sandbox_memory(memory_asked)
         )
         if cpu > self.settings.max_cpu:
             raise LimitExceeded(
@@ -221,21 +248,46 @@ class SandboxService:
             )
         return cpu, memory
 
-    async def check_quota(self, caller: Caller, count: int, cpu: float, memory: int) -> None:
+    def _size(self, request: CreateSandboxRequest) -> tuple[float, int, int | None]:
+        cpu, memory = self.resolve_size(request.cpu, request.memory)
+        disk = None if request.disk is None else sandbox_memory(request.disk, "disk")
+        if disk is not None and disk > self.settings.ephemeral_storage:
+            raise LimitExceeded(
+                f"disk {request.disk} is above this service's cap of "
+                f"{format_memory(self.settings.ephemeral_storage)}",
+                hint="ask for less, or raise the cap with ORCHARD_EPHEMERAL_STORAGE",
+            )
+        return cpu, memory, disk
+
+    def _ready_timeout(self, requested: int | None) -> int:
+        limit = self.settings.max_ready_timeout_seconds
+        if requested is not None and requested > limit:
+            raise InvalidRequest(
+                f"timeout: {requested} s is above this service's limit of {limit} s for a "
+                "sandbox to become ready",
+                hint="ask for less, or raise the limit with ORCHARD_MAX_READY_TIMEOUT_SECONDS",
+            )
+        return requested or min(self.settings.ready_timeout_seconds, limit)
+
+    async def check_quota(
+        self, caller: Caller | None, count: int, cpu: float, memory: int, *, claim: bool = False
+    ) -> None:
         """Refuse (429 ``quota_exceeded``, naming the limit) ``count`` more sandboxes of ``cpu``
         and ``memory`` each beyond the service's cap or, for a non-admin key, its limits (the
-        key's own, else the service's per-key defaults)."""
-        live = [record for record in await self.store.list_sandboxes() if record.live]
+        key's own, else the service's per-key defaults). Sandboxes waiting in warm pools count
+        toward the service's cap (they run) but toward no key's; ``caller`` None is a pool
+        filling itself; a ``claim`` from a pool adds nothing to the service, only to the key."""
+        live = [record for record in await self.store.list_sandboxes(pooled=True) if record.live]
         cap = self.settings.max_sandboxes
-        if len(live) + count > cap:
+        if not claim and len(live) + count > cap:
             raise QuotaExceeded(
                 f"this service runs at most {cap} live sandboxes (max_sandboxes) and "
                 f"{len(live)} are live; {count} more do not fit",
                 hint="delete sandboxes no longer needed, or raise ORCHARD_MAX_SANDBOXES",
             )
-        if caller.admin or caller.key_id is None:
+        if caller is None or caller.admin or caller.key_id is None:
             return
-        mine = [record for record in live if record.owner == caller.owner]
+        mine = [record for record in live if record.pool is None and record.owner == caller.owner]
         quota = caller.quota
         hint = (
             "delete sandboxes no longer needed, or ask an admin for a key with a larger quota "
@@ -277,16 +329,18 @@ class SandboxService:
     ) -> SandboxInfo:
         """Start a sandbox (``source_snapshot``: restored from that snapshot, whose image
         ``request.image`` names); readiness follows in the background. A request a warm
-        pool serves (same spec, no ``sandbox_id``) takes one of its ready sandboxes."""
-        cpu, memory = self.resolve_size(request.cpu, request.memory)
+        pool serves (same spec, no ``sandbox_id`` or ``disk``) takes one of its ready
+        sandboxes."""
+        cpu, memory, disk = self._size(request)
+        lifetimes = self._lifetimes(request)
         if source_snapshot is None and self.backend.is_snapshot_image(request.image):
             source_snapshot = await self._own_snapshot(request.image, caller)
         workdir = request.workdir or self.settings.default_workdir
-        if request.sandbox_id is None and source_snapshot is None:
+        if request.sandbox_id is None and source_snapshot is None and disk is None:
             key = pool_key(request.image, cpu, memory, request.block_network, workdir, request.env)
             pool = self.pools_by_spec.get(key)
             if pool is not None:
-                claimed = await self._claim(pool, request, caller)
+                claimed = await self._claim(pool, request, lifetimes, caller)
                 if claimed is not None:
                     return claimed.to_info(self.settings)
         now = self.clock()
@@ -295,6 +349,7 @@ class SandboxService:
             image=request.image,
             cpu=cpu,
             memory_bytes=memory,
+            disk_bytes=disk,
             block_network=request.block_network,
             workdir=workdir,
             env=request.env,
@@ -304,17 +359,18 @@ class SandboxService:
             last_activity_at=now,
             backend=self.backend.name,
             source_snapshot=source_snapshot,
-            **self._lifetimes(request),
+            **lifetimes,
         )
         return (await self._launch(record, caller)).to_info(self.settings)
 
     def _lifetimes(self, request: CreateSandboxRequest) -> dict[str, Any]:
         """The record fields a create request sets about time: readiness, TTL, idle."""
         return {
-            "ready_timeout_seconds": request.timeout or self.settings.ready_timeout_seconds,
+            "ready_timeout_seconds": self._ready_timeout(request.timeout),
             "ttl_seconds": request.ttl_seconds or self.settings.sandbox_ttl_seconds,
-            "idle_timeout_seconds": request.idle_timeout_seconds
-            or self.settings.idle_timeout_seconds,
+            # Upstream's clients never heartbeat and upstream never idle-expired them: idle
+            # expiry starts with the first heartbeat unless the request asked for it.
+            "idle_timeout_seconds": request.idle_timeout_seconds or 0,
         }
 
     async def _launch(self, record: SandboxRecord, caller: Caller | None) -> SandboxRecord:
@@ -325,12 +381,9 @@ class SandboxService:
             raise self._exists(sandbox_id)
         self._creating.add(sandbox_id)
         try:
-            if caller is None:
+            async with self._quota_lock:
+                await self.check_quota(caller, 1, record.cpu, record.memory_bytes)
                 inserted = await self.store.insert_sandbox(record)
-            else:
-                async with self._quota_lock:
-                    await self.check_quota(caller, 1, record.cpu, record.memory_bytes)
-                    inserted = await self.store.insert_sandbox(record)
             if not inserted:
                 raise self._exists(sandbox_id)
             if caller is not None:
@@ -364,7 +417,7 @@ class SandboxService:
             workdir=pool.workdir,
             env=pool.env,
             created_at=now,
-            ready_timeout_seconds=self.settings.ready_timeout_seconds,
+            ready_timeout_seconds=self._ready_timeout(None),
             ttl_seconds=pool.ttl_seconds,
             idle_timeout_seconds=0,
             last_activity_at=now,
@@ -374,7 +427,7 @@ class SandboxService:
         return await self._launch(record, None)
 
     async def _claim(
-        self, pool: str, request: CreateSandboxRequest, caller: Caller
+        self, pool: str, request: CreateSandboxRequest, lifetimes: dict[str, Any], caller: Caller
     ) -> SandboxRecord | None:
         """Hand one ready sandbox of ``pool`` to ``caller``, as if just created for it; None
         when none is ready. Under the lock: a pooled sandbox is handed out once."""
@@ -383,7 +436,7 @@ class SandboxService:
             waiting = await self.store.first_pooled(pool)
             if waiting is None:
                 return None
-            await self.check_quota(caller, 1, waiting.cpu, waiting.memory_bytes)
+            await self.check_quota(caller, 1, waiting.cpu, waiting.memory_bytes, claim=True)
             record = waiting.model_copy(
                 update={
                     "pool": None,
@@ -391,7 +444,7 @@ class SandboxService:
                     "labels": request.labels,
                     "created_at": now,
                     "last_activity_at": now,
-                    **self._lifetimes(request),
+                    **lifetimes,
                 }
             )
             await self.store.put_sandbox(record)
@@ -430,14 +483,18 @@ class SandboxService:
             image=record.image,
             cpu=record.cpu,
             memory_bytes=record.memory_bytes,
+            disk_bytes=record.disk_bytes,
             block_network=record.block_network,
             workdir=record.workdir,
             agent_token=secrets.token_urlsafe(32),
             owner=record.owner,
             env=record.env,
             labels=record.labels,
-            pids_limit=self.settings.pids_limit,
-            ttl_seconds=record.ttl_seconds or None,
+            pids_limit=pids_for(record.memory_bytes, self.settings.pids_limit),
+            # A pooled sandbox's lifetime starts again when it is claimed, so its container
+            # gets no lifetime cap of its own: the reaper ends it (waiting or claimed).
+            ttl_seconds=None if record.pool is not None else record.ttl_seconds or None,
+            ready_timeout_seconds=record.ready_timeout_seconds,
             record_annotation=record.annotation(),
             snapshot_id=record.source_snapshot,
         )
@@ -460,9 +517,13 @@ class SandboxService:
                 await self.backend.delete(record.sandbox_id)
             return await self.store.get_sandbox(record.sandbox_id) or record
         if found.state in _DEAD_STATES:
-            ended = await self.end(record.sandbox_id, SandboxStatus.FAILED, dead_reason(found))
+            ended = await self.end(
+                record.sandbox_id, SandboxStatus.FAILED, dead_reason(found, record.memory_bytes)
+            )
             return ended or updated
-        self._start_readiness(record.sandbox_id, record.ready_timeout_seconds)
+        # One deadline for the whole start (an image pull included): the request's timeout.
+        remaining = (record.ready_deadline() - self.clock()).total_seconds()
+        self._start_readiness(record.sandbox_id, max(remaining, 1.0))
         return updated
 
     # --- readiness -----------------------------------------------------------------------------
@@ -536,7 +597,8 @@ class SandboxService:
             )
             return True
         if found.state in _DEAD_STATES:
-            await self.end(record.sandbox_id, SandboxStatus.FAILED, dead_reason(found))
+            reason = dead_reason(found, record.memory_bytes)
+            await self.end(record.sandbox_id, SandboxStatus.FAILED, reason)
             return True
         changes: dict[str, Any] = {}
         if found.agent is not None and found.agent != record.agent:
@@ -603,6 +665,12 @@ class SandboxService:
     async def heartbeat(self, sandbox_id: str, caller: Caller) -> HeartbeatResponse:
         record = await self.get_record(sandbox_id, caller)
         self._require_live(record)
+        if record.idle_timeout_seconds == 0 and self.settings.idle_timeout_seconds:
+            # The first heartbeat: this client keeps its sandbox alive, so idle expiry applies.
+            opted = await self._transition(
+                sandbox_id, LIVE_STATUSES, idle_timeout_seconds=self.settings.idle_timeout_seconds
+            )
+            record = opted or record
         record = await self.touch(sandbox_id, force=True) or record
         return HeartbeatResponse(sandbox_id=sandbox_id, expires_at=record.expires_at())
 
@@ -689,20 +757,9 @@ class SandboxService:
             return
         seen = {item.sandbox_id for item in found}
         for item in found:
-            if item.sandbox_id in self._creating:
-                continue
-            record = await self.store.get_sandbox(item.sandbox_id)
-            if record is None:
-                await self._adopt(item)
-            elif record.live:
-                await self._sync(record, item)
-            else:
-                log.info(
-                    "removing the container of an ended sandbox",
-                    extra={"sandbox_id": item.sandbox_id, "status": record.status.value},
-                )
-                with contextlib.suppress(Exception):
-                    await self.backend.delete(item.sandbox_id)
+            if item.sandbox_id not in self._creating:
+                with isolated(log, "reconciling a container", sandbox_id=item.sandbox_id):
+                    await self._reconcile_container(item)
         for record in records:
             sandbox_id = record.sandbox_id
             if (
@@ -711,15 +768,51 @@ class SandboxService:
                 and sandbox_id not in creating
                 and sandbox_id not in self._creating
             ):
-                await self.end(
-                    sandbox_id,
-                    SandboxStatus.FAILED,
-                    "its container no longer exists (removed outside Orchard, or never created)",
-                )
+                with isolated(log, "failing a sandbox without container", sandbox_id=sandbox_id):
+                    await self.end(
+                        sandbox_id,
+                        SandboxStatus.FAILED,
+                        "its container no longer exists (removed outside Orchard, or never "
+                        "created)",
+                    )
+
+    async def _reconcile_container(self, item: BackendSandbox) -> None:
+        record = await self.store.get_sandbox(item.sandbox_id)
+        if record is None:
+            await self._adopt(item)
+        elif record.live:
+            await self._sync(record, item)
+        else:
+            log.info(
+                "removing the container of an ended sandbox",
+                extra={"sandbox_id": item.sandbox_id, "status": record.status.value},
+            )
+            with contextlib.suppress(Exception):
+                await self.backend.delete(item.sandbox_id)
+
+    async def check_alive(self, sandbox_id: str) -> SandboxRecord | None:
+        """After a broken link to its agent: fail a live sandbox whose container stopped (with
+        the reason), at once rather than at the next reconciliation. Its record after that."""
+        record = await self.store.get_sandbox(sandbox_id)
+        if record is None or not record.live:
+            return record
+        try:
+            found = await self.backend.inspect(sandbox_id)
+        except Exception:
+            return record  # the engine not answering is no verdict
+        if found is None:
+            await self.end(sandbox_id, SandboxStatus.FAILED, "its container disappeared")
+        elif found.state in _DEAD_STATES:
+            reason = dead_reason(found, record.memory_bytes)
+            await self.end(sandbox_id, SandboxStatus.FAILED, reason)
+        else:
+            return record
+        return await self.store.get_sandbox(sandbox_id)
 
     async def _sync(self, record: SandboxRecord, found: BackendSandbox) -> None:
         if found.state in _DEAD_STATES:
-            await self.end(record.sandbox_id, SandboxStatus.FAILED, dead_reason(found))
+            reason = dead_reason(found, record.memory_bytes)
+            await self.end(record.sandbox_id, SandboxStatus.FAILED, reason)
             return
         if found.agent is not None and found.agent != record.agent:
             await self._transition(record.sandbox_id, LIVE_STATUSES, agent=found.agent)
@@ -771,42 +864,46 @@ class SandboxService:
         await self._sync(record, found)
 
     async def expire(self, now: datetime) -> None:
-        """End sandboxes past their TTL, idle too long, or stuck starting."""
+        """End sandboxes past their TTL, idle too long, or stuck starting (each on its own: one
+        that fails is logged and the others still expire)."""
         for record in await self.store.list_sandboxes(pooled=True):
-            sandbox_id = record.sandbox_id
-            if not record.live or sandbox_id in self._creating:
-                continue
-            ttl, idle = record.ttl_seconds, record.idle_timeout_seconds
-            if ttl and now >= record.created_at + timedelta(seconds=ttl):
-                # Unless a create claimed it meanwhile (its lifetime starts again then).
-                created = record.created_at
-                await self.end(
-                    sandbox_id,
-                    SandboxStatus.DELETED,
-                    f"expired: its lifetime of {ttl} s (ttl_seconds) ran out",
-                    when=lambda current, created=created: current.created_at == created,  # type: ignore[misc]
-                )
-            elif (
-                idle
-                and record.status == SandboxStatus.READY
-                and not self.busy(sandbox_id)
-                and now >= record.last_activity_at + timedelta(seconds=idle)
-            ):
-                await self.end(
-                    sandbox_id,
-                    SandboxStatus.DELETED,
-                    f"expired: idle for {idle} s (idle_timeout_seconds); heartbeats keep it alive",
-                )
-            elif (
-                record.status != SandboxStatus.READY
-                and sandbox_id not in self._readiness
-                and now >= record.ready_deadline()
-            ):
-                await self.end(
-                    sandbox_id,
-                    SandboxStatus.FAILED,
-                    f"it did not become ready within {record.ready_timeout_seconds} s",
-                )
+            if record.live and record.sandbox_id not in self._creating:
+                with isolated(log, "expiring a sandbox", sandbox_id=record.sandbox_id):
+                    await self._expire_one(record, now)
+
+    async def _expire_one(self, record: SandboxRecord, now: datetime) -> None:
+        sandbox_id = record.sandbox_id
+        ttl, idle = record.ttl_seconds, record.idle_timeout_seconds
+        if ttl and now >= record.ttl_deadline():
+            # Unless a create claimed it from its pool meanwhile (its lifetime starts again).
+            created = record.created_at
+            await self.end(
+                sandbox_id,
+                SandboxStatus.DELETED,
+                f"expired: its lifetime of {ttl} s (ttl_seconds) ran out",
+                when=lambda current: current.created_at == created,
+            )
+        elif (
+            idle
+            and record.status == SandboxStatus.READY
+            and not self.busy(sandbox_id)
+            and now >= record.idle_deadline()
+        ):
+            await self.end(
+                sandbox_id,
+                SandboxStatus.DELETED,
+                f"expired: idle for {idle} s (idle_timeout_seconds); heartbeats keep it alive",
+            )
+        elif (
+            record.status != SandboxStatus.READY
+            and sandbox_id not in self._readiness
+            and now >= record.ready_deadline()
+        ):
+            await self.end(
+                sandbox_id,
+                SandboxStatus.FAILED,
+                f"it did not become ready within {record.ready_timeout_seconds} s",
+            )
 
     async def close(self) -> None:
         tasks = list(self._readiness.values())

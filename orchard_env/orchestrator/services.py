@@ -10,6 +10,7 @@ from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.agents import AgentPool
 from orchard_env.orchestrator.backends.base import Backend
 from orchard_env.orchestrator.files import FileService
+from orchard_env.orchestrator.health import AgentHealth
 from orchard_env.orchestrator.jobs import JobService
 from orchard_env.orchestrator.pools import PoolService
 from orchard_env.orchestrator.reaper import Reaper
@@ -30,6 +31,7 @@ class Orchard:
     snapshots: SnapshotService
     pools: PoolService
     files: FileService
+    health: AgentHealth
     reaper: Reaper
     sessions: KeySessions
     clock: Callable[[], datetime]
@@ -44,7 +46,8 @@ class Orchard:
     ) -> Orchard:
         agents = AgentPool()
         sandboxes = SandboxService(settings, store, backend, agents, clock)
-        jobs = JobService(settings, store, sandboxes, agents, clock)
+        health = AgentHealth(store, sandboxes, agents)
+        jobs = JobService(settings, store, sandboxes, agents, health, clock)
         snapshots = SnapshotService(settings, store, backend, sandboxes, clock)
         pools = PoolService(settings, store, sandboxes, clock)
         return cls(
@@ -57,7 +60,8 @@ class Orchard:
             snapshots=snapshots,
             pools=pools,
             files=FileService(sandboxes, agents),
-            reaper=Reaper(settings, store, sandboxes, snapshots, pools, clock),
+            health=health,
+            reaper=Reaper(settings, store, sandboxes, snapshots, health, pools, clock),
             sessions=KeySessions(store),
             clock=clock,
         )
@@ -76,4 +80,5 @@ class Orchard:
         await self.sessions.close()
         await self.jobs.close()
         await self.sandboxes.close()
+        await self.health.close()
         await self.agents.close()

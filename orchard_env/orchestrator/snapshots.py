@@ -20,10 +20,14 @@ import secrets
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
 
 from orchard_env.config import ServiceSettings
 from orchard_env.errors import (
     Conflict,
+    InvalidRequest,
     NotSupported,
     OrchardError,
     SandboxNotFound,
@@ -32,6 +36,7 @@ from orchard_env.errors import (
 )
 from orchard_env.orchestrator.auth import Caller
 from orchard_env.orchestrator.backends.base import Backend, Capability
+from orchard_env.orchestrator.logs import isolated
 from orchard_env.orchestrator.records import SandboxRecord, SnapshotRecord
 from orchard_env.orchestrator.sandboxes import SandboxService, new_sandbox_id
 from orchard_env.orchestrator.store import Store
@@ -47,9 +52,21 @@ from orchard_env.protocol import (
     SnapshotDeleteResult,
     SnapshotList,
     SnapshotRequest,
+    validation_message,
 )
 
 log = logging.getLogger(__name__)
+
+
+def restore_request(**fields: Any) -> CreateSandboxRequest:
+    """The create request of a restore: the snapshot's settings with the caller's additions,
+    which together may break a rule each obeys alone (too many labels, say): a 400."""
+    try:
+        return CreateSandboxRequest(**fields)
+    except ValidationError as exc:
+        raise InvalidRequest(
+            f"the restored sandbox would be invalid: {validation_message(list(exc.errors()))}"
+        ) from exc
 
 
 def new_snapshot_id() -> str:
@@ -148,6 +165,7 @@ class SnapshotService:
             backend=self.backend.name,
             cpu=source.cpu,
             memory_bytes=source.memory_bytes,
+            disk_bytes=source.disk_bytes,
             block_network=source.block_network,
             workdir=source.workdir,
             env=source.env,
@@ -206,12 +224,13 @@ class SnapshotService:
                     f"snapshot {snapshot_id} was deleted ({snapshot.deleted_reason})",
                     hint="`orchard snapshot list` shows the snapshots you can restore",
                 )
-            request = CreateSandboxRequest(
+            request = restore_request(
                 image=snapshot.image,
                 block_network=snapshot.block_network,
                 sandbox_id=sandbox_id,
                 cpu=snapshot.cpu,
                 memory=snapshot.memory_bytes,
+                disk=snapshot.disk_bytes,
                 timeout=ready_timeout,
                 labels={**snapshot.sandbox_labels, **labels},
                 env={**snapshot.env, **(env or {})},
@@ -365,10 +384,11 @@ class SnapshotService:
                 if expires_at is not None and now >= expires_at:
                     expired.append(record)
             for record in expired:
-                await self._mark_deleted(
-                    [record],
-                    f"expired: its lifetime of {record.ttl_seconds} s (ttl_seconds) ran out",
-                )
+                with isolated(log, "expiring a snapshot", snapshot_id=record.snapshot_id):
+                    await self._mark_deleted(
+                        [record],
+                        f"expired: its lifetime of {record.ttl_seconds} s (ttl_seconds) ran out",
+                    )
             pending = [
                 record
                 for record in await self.store.list_snapshots(include_deleted=True)

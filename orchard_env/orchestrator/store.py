@@ -9,6 +9,7 @@ disk. The schema is versioned in a ``schema_migrations`` table and migrated on o
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -16,6 +17,8 @@ from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from orchard_env.config import ServiceSettings
 from orchard_env.errors import ConfigError
@@ -30,6 +33,9 @@ from orchard_env.orchestrator.records import (
 from orchard_env.protocol import ExecRequest, JobStatus, KeyQuota, SandboxStatus
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+log = logging.getLogger(__name__)
 
 DONE_JOB_STATUSES = tuple(s.value for s in JobStatus if s.done)
 
@@ -327,6 +333,28 @@ def _job_params(r: JobRecord) -> tuple[Any, ...]:
     )
 
 
+def _parse(model: type[M], text: str, what: str) -> M | None:
+    """A stored record, or None (logged) if it no longer reads: one unreadable row must not
+    make every list of its kind fail."""
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        log.error(f"unreadable stored {what}; leaving it out", extra={"error": str(exc)})
+        return None
+
+
+def _parse_all(model: type[M], rows: Iterable[sqlite3.Row], what: str) -> list[M]:
+    return [parsed for row in rows if (parsed := _parse(model, row["record"], what)) is not None]
+
+
+def _exec_request(text: str) -> ExecRequest:
+    """A job's stored request, as it was accepted (rules tightened since do not apply)."""
+    try:
+        return ExecRequest.model_validate_json(text)
+    except ValidationError:
+        return ExecRequest.model_construct(**json.loads(text))
+
+
 def _job_from_row(row: sqlite3.Row) -> JobRecord:
     return JobRecord(
         job_id=row["job_id"],
@@ -335,7 +363,7 @@ def _job_from_row(row: sqlite3.Row) -> JobRecord:
         owner=row["owner"],
         status=JobStatus(row["status"]),
         command=row["command"],
-        request=ExecRequest.model_validate_json(row["request"]),
+        request=_exec_request(row["request"]),
         created_at=_dt(row["created_at"]),
         started_at=_opt_dt(row["started_at"]),
         completed_at=_opt_dt(row["completed_at"]),
@@ -518,7 +546,7 @@ class SQLiteStore:
         row = self._db.execute(
             "SELECT record FROM sandboxes WHERE id = ?", (sandbox_id,)
         ).fetchone()
-        return None if row is None else SandboxRecord.model_validate_json(row["record"])
+        return None if row is None else _parse(SandboxRecord, row["record"], "sandbox")
 
     async def list_sandboxes(
         self,
@@ -549,7 +577,7 @@ class SQLiteStore:
             f"SELECT record FROM sandboxes {where} ORDER BY created_at DESC, id",  # noqa: S608
             params,
         ).fetchall()
-        return [SandboxRecord.model_validate_json(row["record"]) for row in rows]
+        return _parse_all(SandboxRecord, rows, "sandbox")
 
     async def first_pooled(self, pool: str) -> SandboxRecord | None:
         return await self._call(self._first_pooled, pool)
@@ -826,7 +854,7 @@ class SQLiteStore:
         row = self._db.execute(
             "SELECT record FROM snapshots WHERE id = ?", (snapshot_id,)
         ).fetchone()
-        return None if row is None else SnapshotRecord.model_validate_json(row["record"])
+        return None if row is None else _parse(SnapshotRecord, row["record"], "snapshot")
 
     async def list_snapshots(
         self, *, owner: str | None = None, include_deleted: bool = False
@@ -845,7 +873,7 @@ class SQLiteStore:
             f"SELECT record FROM snapshots {where} ORDER BY created_at, id",  # noqa: S608
             params,
         ).fetchall()
-        return [SnapshotRecord.model_validate_json(row["record"]) for row in rows]
+        return _parse_all(SnapshotRecord, rows, "snapshot")
 
     async def purge_snapshots(self, deleted_before: datetime) -> int:
         return await self._call(self._purge_snapshots, deleted_before)

@@ -345,14 +345,17 @@ class ClientView:
 
     @property
     def base_url(self) -> str:
+        """The service's URL, as resolved (argument > env > context > default)."""
         return self._core.base_url
 
     @property
     def api_key(self) -> str | None:
+        """The key sent as ``X-API-Key`` (None: no key)."""
         return self._core.api_key
 
     @property
     def prefix(self) -> str | None:
+        """Upstream's id prefix for sandboxes this client creates, if given."""
         return self._core.prefix
 
     @property
@@ -362,4 +365,5 @@ class ClientView:
 
     @property
     def timeout(self) -> float:
+        """Seconds a request may take to answer (long polls ask for more)."""
         return self._core.timeout

@@ -203,7 +203,9 @@ def discard(core: ClientCore, sandbox_id: str) -> Flow[bool]:
 
 
 def get_sandbox(core: ClientCore, sandbox_id: str) -> Flow[protocol.SandboxInfo]:
-    data = yield from call(core, Send("GET", _sandbox(sandbox_id)))
+    # A deleted sandbox is 404 to upstream's clients; this SDK shows its record (and why).
+    params = [("include_deleted", "true")]
+    data = yield from call(core, Send("GET", _sandbox(sandbox_id), params=params))
     return protocol.SandboxInfo.model_validate(data)
 
 
@@ -280,8 +282,18 @@ def exec_request(
     job_id: str | None,
     wait: bool,
     check: bool,
+    shell: bool = True,
 ) -> protocol.ExecRequest:
-    """The request exec and exec_stream send; always carries a client-chosen job id."""
+    """The request exec and exec_stream send; always carries a client-chosen job id.
+
+    ``shell=False`` sends a list as ``argv`` (an exact argv, no shell); otherwise it is
+    ``command``, which a list reaches joined with spaces, as upstream ran it.
+    """
+    if not shell and not isinstance(command, list):
+        raise errors.InvalidRequest(
+            "shell=False needs the command as a list (an exact argv)",
+            hint='e.g. exec(["ls", "-l", "my file"], shell=False); a string is shell text',
+        )
     if check and not wait:
         raise errors.InvalidRequest(
             "check=True needs wait=True: a job still running has no exit code to check",
@@ -297,7 +309,8 @@ def exec_request(
             ) from None
     return build(
         protocol.ExecRequest,
-        command=command,
+        command=command if shell else None,
+        argv=None if shell else command,
         timeout_seconds=whole_seconds(300 if timeout is None else timeout),
         cwd=cwd,
         env=dict(env or {}),

@@ -103,14 +103,17 @@ class SandboxBase:
 
     @property
     def image(self) -> str:
+        """The image the sandbox was created from."""
         return self.info.image
 
     @property
     def namespace(self) -> str:
+        """The Kubernetes namespace of its pod (upstream's field; local: the instance)."""
         return self.info.namespace
 
     @property
     def block_network(self) -> bool:
+        """Whether outbound network is blocked (the default)."""
         return self.info.block_network
 
     @property
@@ -121,3 +124,14 @@ class SandboxBase:
     def __repr__(self) -> str:
         state = "deleted" if self._deleted else self.info.status.value
         return f"{type(self).__name__}(sandbox_id={self.sandbox_id!r}, status={state!r})"
+
+
+def share_docs(twin: type, original: type) -> None:
+    """Give ``twin``'s methods without a docstring their ``original``'s (the asyncio
+    classes mirror the sync ones), so ``help()`` reads the same on both."""
+    for name, member in vars(twin).items():
+        source = getattr(original, name, None)
+        doc = getattr(source, "__doc__", None)
+        if name.startswith("_") or not doc or not callable(member) or member.__doc__:
+            continue
+        member.__doc__ = doc

@@ -35,7 +35,9 @@ from orchard_env.sdk._handle import (
     file_mode,
     keep_beating,
     local_file,
+    share_docs,
 )
+from orchard_env.sdk.client import Sandbox, SandboxClient
 from orchard_env.sdk.pty import AsyncPtyProcess, init_frame, ws_url
 from orchard_env.sdk.results import ExecResult, FileEntry, Health, PatchResult, UploadResult
 
@@ -95,6 +97,7 @@ class AsyncSandboxClient(ClientView):
 
     @property
     def is_closed(self) -> bool:
+        """Whether :meth:`close` has run (a closed client sends nothing)."""
         return self._http.is_closed
 
     # --- sandboxes ---------------------------------------------------------------------------
@@ -278,12 +281,15 @@ class AsyncSandboxClient(ClientView):
         )
 
     async def list_pools(self) -> list[protocol.PoolInfo]:
+        """Every warm pool, by name, with how many sandboxes are ready and starting (admin)."""
         return await self._run(flows.list_pools(self._core))
 
     async def get_pool(self, name: str) -> protocol.PoolInfo:
+        """One warm pool: its spec, size, ready and starting counts, last refill error (admin)."""
         return await self._run(flows.get_pool(self._core, name))
 
     async def resize_pool(self, name: str, size: int) -> protocol.PoolInfo:
+        """Grow or shrink a pool (admin): shrinking removes waiting sandboxes, not claimed ones."""
         return await self._run(flows.resize_pool(self._core, name, size))
 
     async def delete_pool(self, name: str) -> protocol.PoolInfo:
@@ -357,24 +363,30 @@ class AsyncSandboxClient(ClientView):
         return response
 
     async def _exec_events(
-        self, sandbox_id: str, request: protocol.ExecRequest
+        self, sandbox_id: str, request: protocol.ExecRequest, *, cancel_on_interrupt: bool
     ) -> AsyncIterator[protocol.ExecEvent]:
         replay = flows.StreamReplay(self._core, sandbox_id)
-        while True:
-            response = await self._run(flows.open_exec_stream(self._core, sandbox_id, request))
-            failure: httpx.TransportError | None = None
-            try:
-                async for line in response.aiter_lines():
-                    event = replay.feed(line)
-                    if event is not None:
-                        yield event
-                    if replay.final is not None:
-                        return
-            except httpx.TransportError as exc:
-                failure = exc
-            finally:
-                await response.aclose()
-            await self._sleep(replay.reconnect_delay(failure))
+        try:
+            while True:
+                response = await self._run(flows.open_exec_stream(self._core, sandbox_id, request))
+                failure: httpx.TransportError | None = None
+                try:
+                    async for line in response.aiter_lines():
+                        event = replay.feed(line)
+                        if event is not None:
+                            yield event
+                        if replay.final is not None:
+                            return
+                except httpx.TransportError as exc:
+                    failure = exc
+                finally:
+                    await response.aclose()
+                await self._sleep(replay.reconnect_delay(failure))
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            if cancel_on_interrupt and replay.final is None and request.job_id is not None:
+                with contextlib.suppress(errors.OrchardError):
+                    await self.cancel_job(request.job_id)
+            raise
 
 
 class AsyncSandbox(SandboxBase):
@@ -406,6 +418,7 @@ class AsyncSandbox(SandboxBase):
         stdin: str | bytes | None = None,
         check: bool = False,
         job_id: str | None = None,
+        shell: bool = True,
         pty: Literal[False] = False,
     ) -> ExecResult: ...
 
@@ -438,6 +451,7 @@ class AsyncSandbox(SandboxBase):
         stdin: str | bytes | None = None,
         check: bool = False,
         job_id: str | None = None,
+        shell: bool = True,
         pty: bool = False,
         rows: int = 24,
         cols: int = 80,
@@ -457,6 +471,7 @@ class AsyncSandbox(SandboxBase):
             job_id=job_id,
             wait=wait,
             check=check,
+            shell=shell,
         )
         result = await self._client._run(
             flows.exec_command(self._core, self.sandbox_id, request, poll_interval=poll_interval)
@@ -475,8 +490,12 @@ class AsyncSandbox(SandboxBase):
         *,
         stdin: str | bytes | None = None,
         job_id: str | None = None,
+        shell: bool = True,
+        cancel_on_interrupt: bool = True,
     ) -> AsyncIterator[protocol.ExecEvent]:
-        """See :meth:`Sandbox.exec_stream`; iterate with ``async for``."""
+        """See :meth:`Sandbox.exec_stream`; iterate with ``async for``. The command is
+        cancelled when the task is (Ctrl-C under ``asyncio.run``), unless
+        ``cancel_on_interrupt=False``."""
         request = flows.exec_request(
             command,
             timeout=timeout,
@@ -487,8 +506,11 @@ class AsyncSandbox(SandboxBase):
             job_id=job_id,
             wait=False,
             check=False,
+            shell=shell,
         )
-        return self._client._exec_events(self.sandbox_id, request)
+        return self._client._exec_events(
+            self.sandbox_id, request, cancel_on_interrupt=cancel_on_interrupt
+        )
 
     async def exec_streamed(
         self,
@@ -503,11 +525,21 @@ class AsyncSandbox(SandboxBase):
         stdin: str | bytes | None = None,
         check: bool = False,
         job_id: str | None = None,
+        shell: bool = True,
+        cancel_on_interrupt: bool = True,
     ) -> ExecResult:
         """See :meth:`Sandbox.exec_streamed`."""
         final: protocol.Job | None = None
         async for event in self.exec_stream(
-            command, timeout, cwd, env, login_shell, stdin=stdin, job_id=job_id
+            command,
+            timeout,
+            cwd,
+            env,
+            login_shell,
+            stdin=stdin,
+            job_id=job_id,
+            shell=shell,
+            cancel_on_interrupt=cancel_on_interrupt,
         ):
             if event.event == "stdout":
                 emit(stdout or sys.stdout, event.data)
@@ -737,3 +769,6 @@ class AsyncSandbox(SandboxBase):
 
 AsyncSandboxInstance = AsyncSandbox
 """Upstream Orchard Env's name for :class:`AsyncSandbox`."""
+
+share_docs(AsyncSandboxClient, SandboxClient)
+share_docs(AsyncSandbox, Sandbox)

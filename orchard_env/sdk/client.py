@@ -6,6 +6,7 @@ Everything here is I/O: the requests, retries and decisions are the flows of
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -17,7 +18,7 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Literal, Self, TypeVar, cast, overload
 
 import httpx
 
@@ -35,8 +36,10 @@ from orchard_env.sdk._handle import (
     keep_beating,
     local_file,
 )
-from orchard_env.sdk.pty import PtyProcess, init_frame, ws_url
 from orchard_env.sdk.results import ExecResult, FileEntry, Health, PatchResult, UploadResult
+
+if TYPE_CHECKING:
+    from orchard_env.sdk.pty import PtyProcess
 
 logger = logging.getLogger("orchard_env.sdk")
 
@@ -97,6 +100,7 @@ class SandboxClient(ClientView):
 
     @property
     def is_closed(self) -> bool:
+        """Whether :meth:`close` has run (a closed client sends nothing)."""
         return self._http.is_closed
 
     # --- sandboxes ---------------------------------------------------------------------------
@@ -213,6 +217,7 @@ class SandboxClient(ClientView):
         return self._run(flows.list_snapshots(self._core, labels, include_deleted))
 
     def get_snapshot(self, snapshot_id: str) -> protocol.Snapshot:
+        """One snapshot's record (deleted ones too while remembered)."""
         return self._run(flows.get_snapshot(self._core, snapshot_id))
 
     def delete_snapshot(self, snapshot_id: str, recursive: bool = False) -> list[str]:
@@ -224,6 +229,7 @@ class SandboxClient(ClientView):
     # --- jobs --------------------------------------------------------------------------------
 
     def get_job(self, job_id: str) -> ExecResult:
+        """A job's current state; ``is_complete`` says whether it has finished."""
         return self._run(flows.get_job(self._core, job_id))
 
     def wait_job(self, job_id: str, timeout: float = 300, poll_interval: float = 0.1) -> ExecResult:
@@ -239,6 +245,7 @@ class SandboxClient(ClientView):
     # --- service -----------------------------------------------------------------------------
 
     def health(self) -> Health:
+        """The service's ``GET /health``: status, version and backend."""
         return self._run(flows.health(self._core))
 
     def resources(self) -> protocol.ResourcesReport:
@@ -266,9 +273,11 @@ class SandboxClient(ClientView):
         return self._run(flows.create_key(self._core, name, admin, limits))
 
     def list_keys(self) -> list[protocol.KeyInfo]:
+        """Every API key (never their secrets); needs an admin key."""
         return self._run(flows.list_keys(self._core))
 
     def revoke_key(self, key_id: str) -> protocol.KeyInfo:
+        """Revoke a key: requests with it are refused from now on (admin)."""
         return self._run(flows.revoke_key(self._core, key_id))
 
     # --- warm pools (admin) ------------------------------------------------------------------
@@ -305,12 +314,15 @@ class SandboxClient(ClientView):
         )
 
     def list_pools(self) -> list[protocol.PoolInfo]:
+        """Every warm pool, by name, with how many sandboxes are ready and starting (admin)."""
         return self._run(flows.list_pools(self._core))
 
     def get_pool(self, name: str) -> protocol.PoolInfo:
+        """One warm pool: its spec, size, ready and starting counts, last refill error (admin)."""
         return self._run(flows.get_pool(self._core, name))
 
     def resize_pool(self, name: str, size: int) -> protocol.PoolInfo:
+        """Grow or shrink a pool (admin): shrinking removes waiting sandboxes, not claimed ones."""
         return self._run(flows.resize_pool(self._core, name, size))
 
     def delete_pool(self, name: str) -> protocol.PoolInfo:
@@ -384,24 +396,30 @@ class SandboxClient(ClientView):
         return response
 
     def _exec_events(
-        self, sandbox_id: str, request: protocol.ExecRequest
+        self, sandbox_id: str, request: protocol.ExecRequest, *, cancel_on_interrupt: bool
     ) -> Iterator[protocol.ExecEvent]:
         replay = flows.StreamReplay(self._core, sandbox_id)
-        while True:
-            response = self._run(flows.open_exec_stream(self._core, sandbox_id, request))
-            failure: httpx.TransportError | None = None
-            try:
-                for line in response.iter_lines():
-                    event = replay.feed(line)
-                    if event is not None:
-                        yield event
-                    if replay.final is not None:
-                        return
-            except httpx.TransportError as exc:
-                failure = exc
-            finally:
-                response.close()
-            self._sleep(replay.reconnect_delay(failure))
+        try:
+            while True:
+                response = self._run(flows.open_exec_stream(self._core, sandbox_id, request))
+                failure: httpx.TransportError | None = None
+                try:
+                    for line in response.iter_lines():
+                        event = replay.feed(line)
+                        if event is not None:
+                            yield event
+                        if replay.final is not None:
+                            return
+                except httpx.TransportError as exc:
+                    failure = exc
+                finally:
+                    response.close()
+                self._sleep(replay.reconnect_delay(failure))
+        except KeyboardInterrupt:
+            if cancel_on_interrupt and replay.final is None and request.job_id is not None:
+                with contextlib.suppress(errors.OrchardError):
+                    self.cancel_job(request.job_id)
+            raise
 
 
 class Sandbox(SandboxBase):
@@ -435,6 +453,7 @@ class Sandbox(SandboxBase):
         stdin: str | bytes | None = None,
         check: bool = False,
         job_id: str | None = None,
+        shell: bool = True,
         pty: Literal[False] = False,
     ) -> ExecResult: ...
 
@@ -467,12 +486,15 @@ class Sandbox(SandboxBase):
         stdin: str | bytes | None = None,
         check: bool = False,
         job_id: str | None = None,
+        shell: bool = True,
         pty: bool = False,
         rows: int = 24,
         cols: int = 80,
     ) -> ExecResult | PtyProcess:
-        """Run a command: a string through ``/bin/sh -c`` (bash with ``login_shell``), a list
-        as argv. Returns when it has finished (``wait=False``: at once, with the queued job).
+        """Run a command through bash (``/bin/sh`` in images without it), as upstream does: a
+        list is joined with spaces first (``["ls", "*.py"]`` globs). ``shell=False`` runs a
+        list as an exact argv instead, with no shell. Returns when it has finished
+        (``wait=False``: at once, with the queued job).
 
         The command runs exactly once even if the connection drops: the SDK picks the job id
         and retries name the same job. ``check=True`` raises CommandFailed unless it
@@ -492,6 +514,7 @@ class Sandbox(SandboxBase):
             job_id=job_id,
             wait=wait,
             check=check,
+            shell=shell,
         )
         result = self._client._run(
             flows.exec_command(self._core, self.sandbox_id, request, poll_interval=poll_interval)
@@ -510,12 +533,17 @@ class Sandbox(SandboxBase):
         *,
         stdin: str | bytes | None = None,
         job_id: str | None = None,
+        shell: bool = True,
+        cancel_on_interrupt: bool = True,
     ) -> Iterator[protocol.ExecEvent]:
         """Run a command and yield its output as it happens.
 
         Events: ``started``, then ``stdout``/``stderr`` text chunks, then one ``exit`` whose
         ``job`` is the final result. A dropped connection re-attaches to the same job
-        without repeating output already yielded.
+        without repeating output already yielded; so does calling again with the same
+        ``job_id`` and command. Ctrl-C (``KeyboardInterrupt``) while waiting cancels the
+        command in the sandbox before it propagates, unless ``cancel_on_interrupt=False``
+        (the job keeps running; re-attach with its ``job_id``).
         """
         request = flows.exec_request(
             command,
@@ -527,8 +555,11 @@ class Sandbox(SandboxBase):
             job_id=job_id,
             wait=False,
             check=False,
+            shell=shell,
         )
-        return self._client._exec_events(self.sandbox_id, request)
+        return self._client._exec_events(
+            self.sandbox_id, request, cancel_on_interrupt=cancel_on_interrupt
+        )
 
     def exec_streamed(
         self,
@@ -543,14 +574,26 @@ class Sandbox(SandboxBase):
         stdin: str | bytes | None = None,
         check: bool = False,
         job_id: str | None = None,
+        shell: bool = True,
+        cancel_on_interrupt: bool = True,
     ) -> ExecResult:
         """Like :meth:`exec`, but output goes to ``stdout``/``stderr`` as it arrives.
 
         A sink is a text stream (default: this process's) or a callable taking each chunk.
+        Ctrl-C cancels the command unless ``cancel_on_interrupt=False`` (see
+        :meth:`exec_stream`).
         """
         final: protocol.Job | None = None
         for event in self.exec_stream(
-            command, timeout, cwd, env, login_shell, stdin=stdin, job_id=job_id
+            command,
+            timeout,
+            cwd,
+            env,
+            login_shell,
+            stdin=stdin,
+            job_id=job_id,
+            shell=shell,
+            cancel_on_interrupt=cancel_on_interrupt,
         ):
             if event.event == "stdout":
                 emit(stdout or sys.stdout, event.data)
@@ -564,6 +607,7 @@ class Sandbox(SandboxBase):
         return result
 
     def get_job(self, job_id: str) -> ExecResult:
+        """One of this sandbox's jobs by id (see :meth:`SandboxClient.get_job`)."""
         return self._client.get_job(job_id)
 
     def list_jobs(self) -> list[ExecResult]:
@@ -699,6 +743,7 @@ class Sandbox(SandboxBase):
         self._heartbeat_thread.start()
 
     def stop_heartbeat(self) -> None:
+        """Stop the thread :meth:`start_heartbeat` started (no error if none runs)."""
         if self._heartbeat_stop is not None:
             self._heartbeat_stop.set()
         thread, self._heartbeat_thread = self._heartbeat_thread, None
@@ -755,6 +800,8 @@ class Sandbox(SandboxBase):
         login_shell: bool = False,
     ) -> PtyProcess:
         """Start a process on a pseudo-terminal (default: the image's shell)."""
+        from orchard_env.sdk.pty import PtyProcess, init_frame, ws_url  # websockets: on use
+
         frame = init_frame(
             cmd, rows=rows, cols=cols, env=dict(env or {}), cwd=cwd, login_shell=login_shell
         )

@@ -32,6 +32,7 @@ from websockets.sync.client import connect as sync_connect
 
 from orchard_env import __version__, errors, protocol
 from orchard_env.sdk._base import seg
+from orchard_env.sdk._handle import share_docs
 
 OPEN_TIMEOUT = 10.0
 CLOSE_GRACE = 2.0
@@ -258,6 +259,7 @@ class PtyProcess(_ProcessView):
             raise errors.Timeout(f"the PTY session at {url} did not start within {open_timeout}s")
 
     def write_stdin(self, data: str | bytes) -> None:
+        """Send keystrokes or bytes to the process's terminal."""
         self._send(_stdin_frame(data))
 
     def read(self, timeout: float | None = None) -> bytes:
@@ -291,6 +293,7 @@ class PtyProcess(_ProcessView):
         self._send(_signal_frame(sig), quiet=True)
 
     def resize(self, rows: int, cols: int) -> None:
+        """Tell the process its terminal is now ``rows`` x ``cols`` (SIGWINCH inside)."""
         self._send(_resize_frame(rows, cols), quiet=True)
 
     def wait(self, timeout: float | None = None) -> int:
@@ -395,6 +398,7 @@ class AsyncPtyProcess(_ProcessView):
         open_timeout: float = OPEN_TIMEOUT,
         max_buffer: int = MAX_BUFFER,
     ) -> AsyncPtyProcess:
+        """Open the terminal's WebSocket at ``url`` and start the process ``init`` describes."""
         try:
             ws = await async_connect(
                 url,
@@ -535,3 +539,5 @@ ContainerProcess = PtyProcess
 """Upstream Orchard Env's name for :class:`PtyProcess`."""
 AsyncContainerProcess = AsyncPtyProcess
 """Upstream Orchard Env's name for :class:`AsyncPtyProcess`."""
+
+share_docs(AsyncPtyProcess, PtyProcess)

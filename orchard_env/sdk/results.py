@@ -96,7 +96,7 @@ class ExecResult(protocol.Job):
             message = f"{what} exited with code {self.exit_code}"
         else:
             message = f"{what} failed"
-        if self.error:
+        if self.error and not (self.timed_out and self.error.startswith("Command timed out")):
             message += f": {self.error}"
         tail = _tail(self.stderr)
         if tail:

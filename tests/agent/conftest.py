@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchard_env.agent.client import AgentClient, AgentEvent, Exit, Output
+from orchard_env.agent.daemon import proof
 from tests.orchestrator.fakes import HOST_AGENT
 
 TOKEN = "test-token-0123456789"
@@ -32,6 +33,19 @@ class RunningAgent:
 
     def client(self, token: str | None = None) -> AgentClient:
         return AgentClient(token=token or self.token, uds=self.socket, timeout=10.0)
+
+
+def signed(token: str, method: str, target: str, body: bytes | None) -> dict[str, str]:
+    """Headers of a request a raw HTTP client makes as the orchestrator would (``body``:
+    None for a streamed one, whose bytes the MAC does not cover)."""
+    nonce = os.urandom(16).hex()
+    digest = proof.UNSIGNED_BODY if body is None else proof.digest(body)
+    mac = proof.request_mac(token.encode(), nonce, method, target, digest)
+    return {
+        proof.NONCE_HEADER: nonce,
+        proof.BODY_HEADER: digest,
+        "Authorization": f"{proof.SCHEME} {mac}",
+    }
 
 
 @dataclass
@@ -157,7 +171,7 @@ async def agent_server(tmp_path: Path, short_dir: Path) -> AsyncIterator[Running
     process = start_agent(
         [*HOST_AGENT],
         f"unix:{socket}",
-        {"ORCHARD_AGENT_TOKEN": TOKEN},
+        {},
         workdir,
     )
     running = RunningAgent(socket, TOKEN, workdir, process)

@@ -127,7 +127,7 @@ async def bundled_agent(built: Path, tmp_path: Path, short_dir: Path) -> AsyncIt
     """The agent started exactly as in a container, from the bundle, on this host."""
     socket = short_dir / "agent.sock"
     argv = bundle.launch_argv(str(built), f"unix:{socket}")
-    process = start_agent(argv[:-2], f"unix:{socket}", {"ORCHARD_AGENT_TOKEN": TOKEN}, tmp_path)
+    process = start_agent(argv[:-2], f"unix:{socket}", {}, tmp_path)
     async with AgentClient(token=TOKEN, uds=str(socket)) as client:
         await client.wait_ready(15)
         yield client

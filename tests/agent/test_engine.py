@@ -122,6 +122,23 @@ async def test_timeout_kills_the_tree_and_the_agent_reaps_as_pid_1(
     assert b"/agent\0--listen" in init.stdout
 
 
+async def test_timeout_kills_setsid_descendants_in_busybox(agent_in_busybox: AgentClient) -> None:
+    """The bundled agent (ctypes for prctl included) makes each command a subreaper in any
+    image: a double-forked ``setsid`` orphan is still killed with its command."""
+    agent = agent_in_busybox
+    escape = "(setsid sleep 300 >/dev/null 2>&1 & echo $!); sleep 300"
+    result = await collect(agent.exec("escape", escape, timeout=2))
+    assert result.exit.timed_out
+    orphan = int(result.stdout)
+    for _ in range(200):
+        alive = await collect(agent.exec(f"ps-{time.monotonic_ns()}", f"test -e /proc/{orphan}"))
+        if alive.exit.exit_code != 0:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError(f"the setsid orphan {orphan} survived its command's timeout")
+
+
 @pytest.mark.parametrize("user", ["65534:65534"])
 async def test_agent_as_an_unprivileged_user(agent_in_busybox: AgentClient) -> None:
     agent = agent_in_busybox

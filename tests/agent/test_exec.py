@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -131,12 +131,14 @@ async def test_stdin_is_fed_to_the_command(agent: AgentClient) -> None:
     assert no_stdin.stdout == b"" and no_stdin.exit.exit_code == 0
 
 
-async def test_output_is_capped_per_stream_and_flagged(agent: AgentClient) -> None:
-    command = "head -c 300000 /dev/zero; head -c 10 /dev/zero >&2; echo done >&2"
+async def test_output_past_the_cap_keeps_the_head_and_the_tail(agent: AgentClient) -> None:
+    command = "seq 1 100000; head -c 10 /dev/zero >&2; echo done >&2"
+    full = "".join(f"{n}\n" for n in range(1, 100001)).encode()
     result = await collect(agent.exec("j1", command, max_output_bytes=1000))
-    assert result.stdout == b"\0" * 1000
+    assert result.stdout == full[:500] + full[-500:]
     assert result.stderr == b"\0" * 10 + b"done\n"
     assert result.exit.truncated is True
+    assert result.exit.dropped == (len(full) - 1000, 0)
     assert result.exit.exit_code == 0  # the command was not blocked: the pipe was drained
     small = await collect(agent.exec("j2", "echo ok", max_output_bytes=1000))
     assert small.exit.truncated is False
@@ -151,6 +153,47 @@ async def test_timeout_kills_the_whole_process_tree(agent: AgentClient) -> None:
     await poll_until(lambda: process_gone(grandchild), f"sleep {grandchild} is killed")
     # the agent itself is unharmed
     assert (await agent.health())["status"] == "ok"
+
+
+# Three ways out of a command's process group: setsid, nohup, and a double fork whose middle
+# process exits at once (its child is orphaned). Each prints its pid.
+ESCAPEES = (
+    "setsid sleep 300 >/dev/null 2>&1 & echo $!; "
+    "nohup sleep 301 >/dev/null 2>&1 & echo $!; "
+    "(setsid sleep 302 >/dev/null 2>&1 & echo $!); "
+)
+
+
+async def test_cancel_and_timeout_kill_setsid_nohup_and_orphaned_descendants(
+    agent: AgentClient,
+) -> None:
+    events = agent.exec("escape", ESCAPEES + "echo ready; sleep 300")
+    printed = b""
+    while b"ready" not in printed:
+        event = await anext(events)
+        assert isinstance(event, Output)
+        printed += event.data
+    pids = [int(line) for line in printed.split()[:3]]
+    assert not any(process_gone(pid) for pid in pids)
+    assert await agent.cancel("escape") is True
+    assert (await collect(events)).exit.cancelled
+    for pid in pids:
+        await poll_until(lambda pid=pid: process_gone(pid), f"descendant {pid} is killed")
+
+    timed = await collect(agent.exec("escape-timeout", ESCAPEES + "sleep 300", timeout=2))
+    assert timed.exit.timed_out
+    for pid in map(int, timed.stdout.split()):
+        await poll_until(lambda pid=pid: process_gone(pid), f"descendant {pid} is killed")
+
+
+async def test_background_processes_of_a_command_that_exits_stay(agent: AgentClient) -> None:
+    result = await collect(agent.exec("server", "setsid sleep 300 >/dev/null 2>&1 & echo $!"))
+    assert result.exit.exit_code == 0
+    server = int(result.stdout)
+    try:
+        assert not process_gone(server)  # e.g. a server the next turn talks to
+    finally:
+        os.kill(server, signal.SIGKILL)
 
 
 def oom_score_adj(pid: int) -> int:
@@ -247,24 +290,31 @@ async def test_calls_reuse_one_connection(agent_server: RunningAgent, short_dir:
     assert len(proxy.connections) == 1
 
 
-async def test_auth_is_required_except_for_health(agent_server: RunningAgent) -> None:
-    async with agent_server.client(token="wrong-token") as bad:
-        assert (await bad.health())["status"] == "ok"
+async def test_every_request_needs_the_keys_mac_except_for_health(
+    agent_server: RunningAgent,
+) -> None:
+    async with agent_server.client(token="wrong-key-0123456789") as bad:
         with pytest.raises(errors.AuthenticationRequired) as caught:
             await collect(bad.exec("j1", "true"))
-        assert caught.value.message == "invalid agent token"
-        with pytest.raises(errors.AuthenticationRequired):
-            await bad.list_dir("/")
-        with pytest.raises(errors.AuthenticationRequired):
-            await bad.open_pty()
-    transport = httpx.AsyncHTTPTransport(uds=agent_server.socket)
+        assert caught.value.message == "invalid request MAC"
+        for call in (bad.health(), bad.list_dir("/"), bad.open_pty()):
+            with pytest.raises(errors.AuthenticationRequired):
+                await call
+        with pytest.raises(errors.AgentTampered) as enrolled:
+            await bad.enroll()  # someone else's key is in place already
+        assert enrolled.value.message.endswith("the agent was enrolled with another key")
+    transport = httpx.AsyncHTTPTransport(uds=agent_server.socket, verify=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://agent") as raw:
+        health = await raw.get("/health")
         response = await raw.post("/exec", json={"command": "true"})
+        again = await raw.post("/enroll", json={"key": "k" * 32, "env": {}})
+    assert health.json()["enrolled"] is True and "X-Orchard-Proof" not in health.headers
     assert response.status_code == 401
     assert response.json() == {
         "code": "unauthenticated",
-        "message": "missing 'Authorization: Bearer <token>' header",
+        "message": "missing 'Authorization: Orchard-HMAC <mac>' and nonce",
     }
+    assert again.status_code == 401  # only the key it holds may even ask
 
 
 async def test_unreachable_agent_is_agent_unavailable(short_dir: Path) -> None:
@@ -293,7 +343,7 @@ def tcp_port(tmp_path: Path) -> Iterator[int]:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
     argv = [*HOST_AGENT]
-    process = start_agent(argv, f"tcp:127.0.0.1:{port}", {"ORCHARD_AGENT_TOKEN": TOKEN}, tmp_path)
+    process = start_agent(argv, f"tcp:127.0.0.1:{port}", {}, tmp_path)
     yield port
     assert stop_agent(process) == 0
 
@@ -309,34 +359,94 @@ async def test_agent_over_tcp(tcp_port: int) -> None:
             assert await pty.recv() == {"type": "exit", "code": 5}
 
 
-def test_token_is_required_unless_no_auth(short_dir: Path) -> None:
-    refused = subprocess.run(
-        [*HOST_AGENT, "--listen", f"unix:{short_dir}/a.sock"],
-        env={"PATH": os.environ["PATH"]},
-        capture_output=True,
-        text=True,
-        timeout=30,
+async def test_a_token_in_the_environment_is_worthless(short_dir: Path, tmp_path: Path) -> None:
+    """The agent takes its key only from its enrollment: a launcher's old token variable
+    (readable in /proc/<pid>/environ) opens nothing."""
+    socket_path = str(short_dir / "env.sock")
+    process = start_agent(
+        HOST_AGENT, f"unix:{socket_path}", {"ORCHARD_AGENT_TOKEN": TOKEN}, tmp_path
     )
-    assert refused.returncode == 2
-    assert "ORCHARD_AGENT_TOKEN is not set (--no-auth runs without auth, for tests)" in (
-        refused.stderr
-    )
-
-
-@pytest.fixture
-def open_agent_socket(tmp_path: Path, short_dir: Path) -> Iterator[str]:
-    socket_path = str(short_dir / "open.sock")
-    argv = [*HOST_AGENT, "--no-auth"]
-    process = start_agent(argv, f"unix:{socket_path}", {}, tmp_path)
-    yield socket_path
-    assert stop_agent(process) == 0
-
-
-async def test_no_auth_accepts_requests_without_a_token(open_agent_socket: str) -> None:
-    transport = httpx.AsyncHTTPTransport(uds=open_agent_socket)
-    async with AgentClient(token="ignored", uds=open_agent_socket) as client:
-        await client.wait_ready(15)
+    try:
+        transport = httpx.AsyncHTTPTransport(uds=socket_path, verify=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://agent") as raw:
-            response = await raw.post("/exec", json={"command": "echo open"})
-    assert response.status_code == 200
-    assert b'"t":"x"' in response.content
+            await poll_until(lambda: Path(socket_path).exists(), "the agent listens")
+            response = await raw.post(
+                "/exec", json={"command": "true"}, headers={"Authorization": f"Bearer {TOKEN}"}
+            )
+            assert (await raw.get("/health")).json()["enrolled"] is False
+        assert response.status_code == 401
+        assert response.json()["message"] == "the agent is not enrolled yet"
+    finally:
+        assert stop_agent(process) == 0
+
+
+GUARDED_BASHRC = """\
+[ -z "$PS1" ] && return
+case $- in *i*) ;; *) return;; esac
+export CONDA_DEFAULT_ENV=testbed
+export PATH="$HOME/conda/bin:$PATH"
+"""
+
+
+def fake_conda_home(home: Path) -> Path:
+    """A home whose ~/.bashrc, guarded against non-interactive shells as Debian's and
+    SWE-bench images' are, activates a fake conda (its own ``python`` first on PATH)."""
+    (home / "conda" / "bin").mkdir(parents=True)
+    python = home / "conda" / "bin" / "python"
+    python.write_text("#!/bin/sh\necho conda-python\n")
+    python.chmod(0o755)
+    (home / ".bashrc").write_text(GUARDED_BASHRC)
+    return home
+
+
+async def test_login_shell_sources_a_guarded_bashrc_without_tty_noise(
+    agent: AgentClient, tmp_path: Path
+) -> None:
+    env = {"HOME": str(fake_conda_home(tmp_path / "home"))}
+    login = await collect(
+        agent.exec(
+            "l1", "echo $CONDA_DEFAULT_ENV; python; echo oops >&2", env=env, login_shell=True
+        )
+    )
+    assert (login.stdout, login.stderr) == (b"testbed\nconda-python\n", b"oops\n")
+    assert login.exit.exit_code == 0
+    argv = await collect(
+        agent.exec("l2", ["printf", "%s|", "a b", "$CONDA_DEFAULT_ENV"], env=env, login_shell=True)
+    )
+    assert (argv.stdout, argv.stderr) == (b"a b|$CONDA_DEFAULT_ENV|", b"")
+    plain = await collect(agent.exec("l3", "echo ${CONDA_DEFAULT_ENV:-none}", env=env))
+    assert plain.stdout == b"none\n"
+
+
+async def test_big_outputs_spill_to_the_spool_not_the_agents_memory(
+    agent: AgentClient, agent_server: RunningAgent
+) -> None:
+    """Eight jobs of 40 MiB each under a 16 MiB cap: the agent's memory stays flat (the log
+    past a small budget and every tail live in unlinked spool files), and replays match."""
+    pid = agent_server.process.pid
+    before = status_kb(pid, "VmRSS")
+    command = "yes abcdefghijklmnopqrstuvwxyz | head -c 41943040"
+    results = await asyncio.gather(
+        *(collect(agent.exec(f"big{i}", command, max_output_bytes=16 << 20)) for i in range(8))
+    )
+    peak = status_kb(pid, "VmHWM")  # the agent's peak resident memory so far
+    for result in results:
+        assert len(result.stdout) == 16 << 20 and result.exit.dropped == ((40 - 16) << 20, 0)
+    assert peak - before < 48 * 1024, f"agent RSS grew from {before} kB to {peak} kB"
+    again = await collect(agent.attach("big3", max_output_bytes=16 << 20))
+    assert again.stdout == results[3].stdout
+    files = open_files(pid)
+    spooled = [path for path in files if path.startswith("/var/tmp/")]
+    assert spooled and all(path.endswith("(deleted)") for path in spooled), files
+
+
+def open_files(pid: int) -> list[str]:
+    """What the descriptors of ``pid`` point at."""
+    return [str(fd.readlink()) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+
+
+def status_kb(pid: int, field: str) -> int:
+    """A kB figure (VmRSS, VmHWM) of /proc/<pid>/status."""
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith(field + ":"))
+    return int(line.split()[1])

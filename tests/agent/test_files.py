@@ -11,7 +11,7 @@ import pytest
 
 from orchard_env import errors
 from orchard_env.agent.client import AgentClient
-from tests.agent.conftest import RunningAgent
+from tests.agent.conftest import RunningAgent, signed
 
 
 async def read_all(agent: AgentClient, path: str) -> bytes:
@@ -148,16 +148,27 @@ async def test_chunked_upload_from_a_raw_client(agent_server: RunningAgent) -> N
         yield b"hello "
         yield b"world"
 
-    transport = httpx.AsyncHTTPTransport(uds=agent_server.socket)
-    headers = {"Authorization": f"Bearer {agent_server.token}"}
-    async with httpx.AsyncClient(transport=transport, base_url="http://a", headers=headers) as c:
-        response = await c.put("/files", params={"path": "c.txt", "mode": "0640"}, content=body())
+    token = agent_server.token
+    transport = httpx.AsyncHTTPTransport(uds=agent_server.socket, verify=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://a") as c:
+        target = "/files?path=c.txt&mode=0640"
+        headers = signed(token, "PUT", target, None)
+        response = await c.put(target, content=body(), headers=headers)
         assert response.status_code == 200
         assert response.json() == {"path": str(agent_server.workdir / "c.txt"), "size": 11}
-        bad = await c.put("/files", params={"path": "d.txt", "mode": "999"}, content=b"x")
+        target = "/files?path=d.txt&mode=999"
+        bad = await c.put(target, content=b"x", headers=signed(token, "PUT", target, b"x"))
         assert bad.status_code == 400
         assert bad.json()["message"] == "mode '999' is not an octal file mode like 0644"
         # the connection is still usable after an error that came before the body was read
-        assert (await c.get("/files", params={"path": "c.txt"})).content == b"hello world"
+        target = "/files?path=c.txt"
+        read = await c.get(target, headers=signed(token, "GET", target, b""))
+        assert read.content == b"hello world"
+        # a body other than the one signed is refused, and nothing is written
+        target = "/files?path=e.txt"
+        forged = await c.put(target, content=b"forged", headers=signed(token, "PUT", target, b"x"))
+        assert forged.status_code == 401
+        assert forged.json()["message"] == "the request body is not the one signed"
+    assert not (agent_server.workdir / "e.txt").exists()
     assert (agent_server.workdir / "c.txt").stat().st_mode & 0o777 == 0o640
     assert not (agent_server.workdir / "d.txt").is_file()

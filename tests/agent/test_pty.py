@@ -6,10 +6,12 @@ import asyncio
 import base64
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from orchard_env.agent.client import AgentClient, AgentPty
 from tests.agent.conftest import RunningAgent, poll_until, process_gone
+from tests.agent.test_exec import fake_conda_home
 
 
 async def until_exit(pty: AgentPty, limit: float = 15) -> tuple[bytes, dict[str, Any]]:
@@ -131,3 +133,12 @@ async def test_unknown_frames_get_an_error_and_the_session_goes_on(agent: AgentC
         await pty.send({"type": "signal", "sig": "TERM"})
         _, exit_frame = await until_exit(pty)
         assert exit_frame["code"] == -15
+
+
+async def test_login_shell_pty_sources_a_guarded_bashrc(agent: AgentClient, tmp_path: Path) -> None:
+    home = fake_conda_home(tmp_path / "home")
+    cmd = ["sh", "-c", "echo env=$CONDA_DEFAULT_ENV; python"]
+    async with session(agent, cmd=cmd, env={"HOME": str(home)}, login_shell=True) as pty:
+        output, exit_frame = await until_exit(pty)
+    assert exit_frame == {"type": "exit", "code": 0}
+    assert b"env=testbed\r\nconda-python\r\n" in output

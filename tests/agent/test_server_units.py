@@ -26,12 +26,20 @@ def test_build_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     assert procs.build_argv(["ls", "-l"], False) == ["ls", "-l"]
     monkeypatch.setattr(os.path, "exists", lambda path: path == "/bin/bash")
     assert procs.build_argv("echo hi", False) == ["/bin/bash", "-c", "echo hi"]
-    assert procs.build_argv("echo hi", True) == ["/bin/bash", "-l", "-c", "echo hi"]
-    assert procs.build_argv(["ls", "a b"], True) == [
+    source = "if [ -f ~/.bashrc ]; then . ~/.bashrc; fi\n"
+    assert procs.build_argv("echo hi", True) == [
         "/bin/bash",
-        "-l",
+        "--login",
+        "-i",
         "-c",
-        'exec "$@"',
+        source + "echo hi",
+    ]
+    assert procs.build_argv(["ls", "a b"], True, 7) == [
+        "/bin/bash",
+        "--login",
+        "-i",
+        "-c",
+        "exec 2>&7 7>&-\n" + source + 'exec "$@"',
         "/bin/bash",
         "ls",
         "a b",
@@ -77,3 +85,11 @@ def test_exit_fields() -> None:
     assert procs.exit_fields(0) == (0, None)
     assert procs.exit_fields(3) == (3, None)
     assert procs.exit_fields(-9) == (None, 9)
+
+
+@pytest.mark.parametrize(
+    ("raw", "resolved"),
+    [("/", "/"), ("//", "/"), ("///", "/"), ("//tmp/..", "/"), ("/./", "/"), ("a//b", "/w/a/b")],
+)
+def test_paths_are_normalised_so_the_root_has_one_spelling(raw: str, resolved: str) -> None:
+    assert server.Agent("/w").resolve(raw) == resolved

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from orchard_env.bench import _agent_memory
-from orchard_env.bench_host import cpu_seconds, listener_pid
+from orchard_env.bench_host import cpu_seconds, listener_pid, stat_fields
 
 
 def test_listener_pid_finds_the_process_listening_on_a_port() -> None:
@@ -37,3 +37,8 @@ def test_agent_memory_sums_the_listing_and_refuses_an_empty_one() -> None:
     }
     with pytest.raises(RuntimeError, match="no agent process"):
         _agent_memory("")
+
+
+def test_stat_fields_start_with_the_state_and_the_parent() -> None:
+    fields = stat_fields(os.getpid())
+    assert fields[0] in "RS" and int(fields[1]) == os.getppid()

@@ -30,7 +30,9 @@ def test_pool_commands_end_to_end(orchard: Callable[..., Result]) -> None:
     assert made.strip() == "warm"
     until_ready(orchard, 2)
     table = ok(orchard("pool", "list"))
-    assert "warm" in table and "256Mi" in table
+    assert table.split("\n")[1].split()[:4] == ["warm", "2", "2", "0"] and "256Mi" in table
+    assert "MODE=eval" in ok(orchard("pool", "list", "-o", "wide"))
+    assert ok(orchard("pool", "list", "-q")) == "warm\n"
     claimed = ok(orchard("sandbox", "create", "--memory", "256Mi", "-e", "MODE=eval", "--json"))
     info = json.loads(claimed)
     assert info["status"] == "ready" and info["env"] == {"MODE": "eval"}

@@ -55,7 +55,7 @@ def test_snapshot_commands_end_to_end(orchard: Callable[..., Result]) -> None:
     assert refused.exit_code == 1 and isinstance(refused.exception, errors.Conflict)
     assert fork_snapshot in refused.exception.message
     no_tty = orchard("snapshot", "rm", "--recursive", snap_id)
-    assert no_tty.exit_code == 2 and "Rerun with --yes" in no_tty.output
+    assert no_tty.exit_code == 125 and "Rerun with --yes" in no_tty.output
     deleted = orchard("snapshot", "rm", "--recursive", "--yes", snap_id)
     assert deleted.exit_code == 0
     assert deleted.stderr.splitlines() == [f"deleted {fork_snapshot}", f"deleted {snap_id}"]

@@ -24,8 +24,11 @@ def _node(command: Any, path: str) -> Node:
     for param in command.params:
         node.options.update(getattr(param, "opts", []), getattr(param, "secondary_opts", []))
     node.options.update(("--help", "-h"))
-    if isinstance(command, TyperGroup):
-        for name, sub in command.commands.items():
+    if isinstance(command, TyperGroup):  # through the group's API: the root one is lazy
+        ctx = typer.Context(command)
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            assert sub is not None, name
             node.children[name] = _node(sub, f"{path} {name}")
     return node
 

@@ -1,16 +1,19 @@
-"""The Python examples of the docs run, as a user would run them, against a real orchestrator.
+"""The examples of the docs run, as a user would run them, against a real orchestrator.
 
-A ```python block preceded by ``<!-- doctest: run -->`` is written to a file and run with
-``python`` in a fresh directory, with ``ORCHARD_URL`` and ``ORCHARD_API_KEY`` pointing at the
-orchestrator (so ``SandboxClient()`` finds it, as after ``orchard up``). The orchestrator is the
+A ```python or ```bash block preceded by ``<!-- doctest: run -->`` is written to a file and
+run with ``python`` (or ``bash -e -o pipefail``, the ``orchard`` command on ``PATH``) in a
+fresh directory, with ``ORCHARD_URL`` and ``ORCHARD_API_KEY`` pointing at the orchestrator (so
+``SandboxClient()`` and the CLI find it, as after ``orchard up``; ``URL`` and ``KEY`` too, for
+``curl``). The orchestrator is the
 real app under uvicorn on 127.0.0.1 with the service-tier fake backend: every sandbox is the
 real agent as a host process (so exec, files, streams and PTY are real; the container around
 it, and with it isolation and limits, is not). A ```text block preceded by
 ``<!-- doctest: output -->`` right after a runnable block is its expected stdout (``...``
 matches anything). An example must delete every sandbox it creates.
 
-Blocks that cannot run here say why: ``<!-- doctest: skip: <reason> -->``. In docs/ every
-Python block carries one of the two markers (docs/cost.md has its own test).
+Blocks that cannot run here say why: ``<!-- doctest: skip: <reason> -->``. In docs/ and
+README.md every Python and bash block carries one of the two markers (docs/cost.md has its
+own test; docs/cli.md is generated, its ``console`` blocks are usage, not examples).
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
+from provision.profile import DeploymentProfile
 from tests.docs.markdown import DOCS, Block, blocks, markdown_files
 from tests.orchestrator.conftest import make_settings
 from tests.servers import Live, fake_backend, live_service
@@ -33,6 +38,7 @@ from tests.servers import Live, fake_backend, live_service
 SELF_TESTED = {DOCS / "cost.md"}  # tests/cost/test_docs.py runs its examples
 _SKIP = re.compile(r"^skip: \S.*$")
 EXAMPLE_TIMEOUT = 120
+RUNNABLE = {"python": [sys.executable], "bash": ["bash", "-e", "-o", "pipefail"]}
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,7 @@ def _examples() -> list[Example]:
             continue
         found_blocks = blocks(path)
         for index, block in enumerate(found_blocks):
-            if block.lang != "python" or block.marker != "run":
+            if block.lang not in RUNNABLE or block.marker != "run":
                 continue
             following = found_blocks[index + 1] if index + 1 < len(found_blocks) else None
             output = following.code if following and following.marker == "output" else None
@@ -77,9 +83,9 @@ def test_markers_are_known_and_python_blocks_in_docs_are_marked() -> None:
                     problems.append(f"{block.location}: an output block follows a run block")
             elif marker is not None and marker != "run" and not _SKIP.match(marker):
                 problems.append(f"{block.location}: unknown marker {marker!r}")
-            elif marker == "run" and block.lang != "python":
-                problems.append(f"{block.location}: only python blocks can run")
-            elif block.lang == "python" and marker is None and path.is_relative_to(DOCS):
+            elif marker == "run" and block.lang not in RUNNABLE:
+                problems.append(f"{block.location}: only python and bash blocks can run")
+            elif block.lang in RUNNABLE and marker is None:
                 problems.append(
                     f"{block.location}: mark it <!-- doctest: run --> "
                     "or <!-- doctest: skip: <reason> -->"
@@ -121,16 +127,19 @@ def _left_behind(live: Live) -> list[str]:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda example: example.location)
 def test_example_runs(example: Example, live: Live, tmp_path: Path) -> None:
-    script = tmp_path / "example.py"
+    script = tmp_path / f"example.{example.block.lang}"
     script.write_text(example.block.code)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCHARD_", "SANDBOX_"))}
     env.update(
         ORCHARD_URL=live.url,
         ORCHARD_API_KEY=live.api_key,
         ORCHARD_CONFIG=str(tmp_path / "no-config.toml"),
+        URL=live.url,
+        KEY=live.api_key,
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     )
     done = subprocess.run(
-        [sys.executable, str(script)],
+        [*RUNNABLE[example.block.lang], str(script)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -147,3 +156,12 @@ def test_example_runs(example: Example, live: Live, tmp_path: Path) -> None:
             f"--- the doc\n{example.output}{report}"
         )
     assert not left, f"{example.location} left sandboxes alive: {left}"
+
+
+def test_profile_fragments_in_the_deployment_guide_are_valid_profiles() -> None:
+    """The YAML blocks of docs/deployment.md are deployment profiles (or parts of one)."""
+    found = [b for b in blocks(DOCS / "deployment.md") if b.lang == "yaml"]
+    assert found
+    for block in found:
+        profile = DeploymentProfile.model_validate(yaml.safe_load(block.code))
+        assert profile is not None, block.location

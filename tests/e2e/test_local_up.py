@@ -3,6 +3,7 @@ the real CLI in subprocesses, a hard kill and restart, then `orchard down`."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pty
@@ -12,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,22 +147,23 @@ def test_up_drive_restart_down(
         ).returncode
         == 0
     )
-    back = _cli("sandbox", "cp", f"{sandbox_id}:/workspace/blob.bin", "-")
-    assert back.stdout == payload
+    back = _cli("sandbox", "cp", f"{sandbox_id}:/workspace/blob.bin", "-")  # a tar stream
+    with tarfile.open(fileobj=io.BytesIO(back.stdout)) as archive:
+        member = archive.extractfile("blob.bin")
+        assert member is not None and member.read() == payload
 
     listing = json.loads(_cli("sandbox", "ls", sandbox_id, "/workspace", "--json").stdout)
     assert {"name": "blob.bin", "size": len(payload)}.items() <= listing[0].items()
 
+    (tmp_path / "hello.txt").write_bytes(b"hello\n")
     assert (
-        _cli(
-            "sandbox", "cp", "-", f"{sandbox_id}:/workspace/hello.txt", stdin=b"hello\n"
-        ).returncode
+        _cli("sandbox", "cp", str(tmp_path / "hello.txt"), f"{sandbox_id}:/workspace/").returncode
         == 0
     )
     patched = _cli("sandbox", "patch", sandbox_id, "-", stdin=PATCH.encode())
     assert patched.returncode == 0, patched.stderr
     assert (
-        _cli("sandbox", "cp", f"{sandbox_id}:/workspace/hello.txt", "-").stdout
+        _cli("sandbox", "exec", sandbox_id, "--", "cat /workspace/hello.txt").stdout
         == b"hello, patched\n"
     )
 

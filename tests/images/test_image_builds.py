@@ -205,7 +205,6 @@ async def test_the_agent_runs_from_the_injected_bundle_in_busybox(
         entrypoint=launch_argv(BUNDLE_MOUNT, f"unix:{RUN_DIR_MOUNT}/{SOCKET_NAME}"),
         command=[],
         name=f"orchard-injected-{uuid.uuid4().hex[:8]}",
-        environment={"ORCHARD_AGENT_TOKEN": TOKEN},
         mounts=[
             docker.types.Mount(BUNDLE_MOUNT, str(copied_bundle), type="bind", read_only=True),
             docker.types.Mount(RUN_DIR_MOUNT, str(run_dir), type="bind"),

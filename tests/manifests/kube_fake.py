@@ -2,11 +2,12 @@
 
 It serves what the deploy code uses, as the API server does: server-side apply (``PATCH`` with
 ``application/apply-patch+yaml``, ``fieldManager``, ``force``, ``dryRun=All``), ``GET`` of
-objects and of pod lists by label selector, and ``DELETE`` of namespaces (which terminate for
-a few polls, then disappear with everything in them). Two controllers are simulated: a
-Deployment becomes available a few ``GET``s after its spec changes, and a LoadBalancer Service
-gets an address. Requests need the bearer token of the kubeconfig :meth:`FakeKube.kubeconfig`
-writes. Not simulated: field ownership between several managers, admission, validation.
+objects and of pod lists by label selector, and ``DELETE`` (namespaces terminate for a few
+polls, then disappear with everything in them; other objects go at once). Two controllers
+are simulated: a Deployment becomes available a few ``GET``s after its spec changes, and a
+LoadBalancer Service gets an address. Requests need the bearer token of the kubeconfig
+:meth:`FakeKube.kubeconfig` writes. Not simulated: field ownership between several
+managers, admission, validation.
 """
 
 from __future__ import annotations
@@ -206,8 +207,9 @@ class FakeKube:
         obj = self.objects.get(path)
         if obj is None:
             return _status(404, "NotFound", f"{path} not found")
-        if plural != "namespaces":
-            return _status(405, "MethodNotAllowed", "this fake deletes namespaces only")
+        if plural != "namespaces":  # other objects go at once (no finalizers here)
+            del self.objects[path]
+            return 200, copy.deepcopy(obj)
         obj["metadata"]["deletionTimestamp"] = "2024-01-01T00:00:00Z"
         obj["status"] = {"phase": "Terminating"}
         self._pending[path] = self.delete_polls

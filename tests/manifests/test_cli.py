@@ -112,7 +112,7 @@ def test_undeploy_asks_first_then_deletes_and_removes_the_context(
     deployed = runner.invoke(app, ["deploy", "--tag", TAG, "--kubeconfig", str(kubeconfig)])
     assert deployed.exit_code == 0, deployed.output
     refused = runner.invoke(app, ["undeploy", "--kubeconfig", str(kubeconfig)])
-    assert refused.exit_code == 2
+    assert refused.exit_code == 125
     assert "Rerun with --yes" in refused.stderr
     assert kube.objects != {}
 

@@ -127,12 +127,14 @@ def test_dry_run_stores_nothing_and_says_what_would_change(
 ) -> None:
     planned = dry_run(_profile(), REFS, kubeconfig=kubeconfig)
     assert kube.objects == {}
-    assert [str(applied) for applied in planned[:2]] == [
+    assert [str(applied) for applied in planned[:4]] == [
         "namespace/orchard created",
         "namespace/orchard-sandboxes created",
+        "clusterrole.rbac.authorization.k8s.io/orchard-nodes-orchard created",
+        "clusterrolebinding.rbac.authorization.k8s.io/orchard-nodes-orchard created",
     ]
-    assert {applied.action for applied in planned[2:]} == {"unchecked"}
-    assert str(planned[2]) == (
+    assert {applied.action for applied in planned[4:]} == {"unchecked"}
+    assert str(planned[4]) == (
         "serviceaccount/orchard-orchestrator -n orchard would be created "
         "(its namespace does not exist yet)"
     )
@@ -264,7 +266,12 @@ def test_undeploy_deletes_sandboxes_first_and_is_quiet_when_gone(
     deleted = undeploy(_profile(), kubeconfig=kubeconfig, progress=messages.append, interval=0.01)
     assert deleted == ["orchard-sandboxes", "orchard"]
     deletes = [r.path for r in kube.requests if r.method == "DELETE"]
-    assert deletes == ["/api/v1/namespaces/orchard-sandboxes", "/api/v1/namespaces/orchard"]
+    assert deletes == [
+        "/api/v1/namespaces/orchard-sandboxes",
+        "/api/v1/namespaces/orchard",
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/orchard-nodes-orchard",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles/orchard-nodes-orchard",
+    ]
     assert "waiting for orchard-sandboxes, orchard to be deleted" in messages
     assert kube.objects == {}
     assert undeploy(_profile(), kubeconfig=kubeconfig, interval=0.01) == []

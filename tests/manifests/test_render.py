@@ -104,7 +104,7 @@ def test_every_object_is_in_its_namespace_and_labelled(which: str) -> None:
         assert labels["app.kubernetes.io/part-of"] == "orchard"
         assert labels["app.kubernetes.io/managed-by"] == "orchard-deploy"
         assert labels["app.kubernetes.io/instance"] == values.name
-        if obj["kind"] == "Namespace":
+        if obj["kind"] in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
             assert "namespace" not in metadata
         elif metadata["namespace"] == values.sandbox_namespace:
             sandbox_kinds.add(f"{obj['kind']}/{metadata['name']}")
@@ -122,9 +122,22 @@ def test_every_object_is_in_its_namespace_and_labelled(which: str) -> None:
 
 def test_rbac_is_namespaced_and_least_privilege() -> None:
     objects = render(FULL)
-    assert {o["kind"] for o in objects} & {"ClusterRole", "ClusterRoleBinding"} == set()
     cluster_scoped = [o for o in objects if "namespace" not in o["metadata"]]
-    assert {o["kind"] for o in cluster_scoped} == {"Namespace"}
+    assert {o["kind"] for o in cluster_scoped} == {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    # The one cluster-scoped right: list nodes (GET /resources reports their capacity).
+    name = f"orchard-nodes-{FULL.namespace}"
+    assert _by(objects, "ClusterRole", name)["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}
+    ]
+    nodes_binding = _by(objects, "ClusterRoleBinding", name)
+    assert nodes_binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": name,
+    }
+    assert nodes_binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "orchard-orchestrator", "namespace": FULL.namespace}
+    ]
     role = _by(objects, "Role", "orchard-orchestrator")
     assert role["metadata"]["namespace"] == FULL.sandbox_namespace
     rules = {

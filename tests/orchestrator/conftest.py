@@ -90,11 +90,14 @@ class Service:
         assert info["status"] == "ready", info
         return info
 
-    async def exec(self, sandbox_id: str, command: str | list[str], **body: Any) -> dict[str, Any]:
+    async def exec(
+        self, sandbox_id: str, command: str | list[str] | None, **body: Any
+    ) -> dict[str, Any]:
+        """Run ``command`` (None: the body names ``argv`` instead), waiting by default."""
         body.setdefault("wait", True)
-        response = await self.http.post(
-            f"/sandboxes/{sandbox_id}/exec", json={"command": command, **body}
-        )
+        if command is not None:
+            body["command"] = command
+        response = await self.http.post(f"/sandboxes/{sandbox_id}/exec", json=body)
         assert response.status_code == 200, response.text
         job: dict[str, Any] = response.json()
         return job

@@ -14,7 +14,8 @@ what an engine does that a host process cannot show by itself:
   sandbox created from that image starts with a copy of it (a fresh agent: no processes
   carried over), and the copy cannot be removed while such a sandbox exists, as an engine
   refuses to remove an image a container uses;
-* ``fail_creates``: sandbox ids whose create fails with the engine-like reason given.
+* ``fail_creates``: sandbox ids whose create fails with the engine-like reason given;
+* ``nodes``: the machine(s) it reports as its capacity (one 8-core node by default).
 """
 
 from __future__ import annotations
@@ -36,17 +37,24 @@ from orchard_env.orchestrator.backends.base import (
     AgentEndpoint,
     BackendSandbox,
     Capability,
+    Capacity,
     SandboxSpec,
     SandboxState,
     SnapshotImage,
     not_your_snapshot,
 )
+from orchard_env.protocol import NodeResources, ResourceAmounts
 
 HOST_AGENT = (sys.executable, "-I", "-m", "orchard_env.agent.daemon")  # the real agent
 MISSING_IMAGE = "missing/image"
 HANG_IMAGE = "hang/image"
 CRASH_IMAGE = "crash/image"
 SNAPSHOT_REPOSITORY = "fake/snapshots"
+FAKE_NODE = NodeResources(
+    name="fake-node",
+    capacity=ResourceAmounts(cpu=8.0, memory_bytes=32 * 1024**3),
+    allocatable=ResourceAmounts(cpu=7.5, memory_bytes=30 * 1024**3),
+)
 
 
 @dataclass
@@ -83,6 +91,7 @@ class AgentProcessBackend:
     deletes: list[str] = field(default_factory=list)
     snapshots: dict[str, Path] = field(default_factory=dict)  # image ref -> workspace copy
     fail_creates: dict[str, str] = field(default_factory=dict)  # sandbox id -> reason
+    nodes: list[NodeResources] = field(default_factory=lambda: [FAKE_NODE])
 
     # --- Backend Protocol --------------------------------------------------------------
 
@@ -159,6 +168,9 @@ class AgentProcessBackend:
             await asyncio.to_thread(shutil.rmtree, copy)
         return True
 
+    async def capacity(self) -> Capacity:
+        return Capacity(nodes=list(self.nodes))
+
     def is_snapshot_image(self, image: str) -> bool:
         return image.startswith(f"{SNAPSHOT_REPOSITORY}:")
 
@@ -178,8 +190,7 @@ class AgentProcessBackend:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(root),
-            **spec.env,
-            "ORCHARD_AGENT_TOKEN": spec.agent_token,
+            # The key and spec.env come with the orchestrator's enrollment, as on the engine.
             "ORCHARD_AGENT_WORKDIR": str(root / "workspace"),
         }
         return subprocess.Popen(

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 from orchard_env.agent.client import Exit, Output
-from orchard_env.orchestrator.jobs import Stream, skip_seen
+from orchard_env.orchestrator.jobs import JobRun, Stream, skip_seen
+from orchard_env.orchestrator.records import JobRecord
+from orchard_env.protocol import ExecRequest
 from tests.orchestrator.conftest import Service, StartService, eventually
 from tests.orchestrator.test_sandboxes import detail
 
@@ -37,7 +40,7 @@ async def test_exec_wait_returns_the_finished_job(service: Service) -> None:
     assert (job["stdout"], job["stderr"]) == ("out\n", "err\n")
     assert job["timed_out"] is False and job["truncated"] is False
     assert job["started_at"] and job["completed_at"]
-    ok = await service.exec(sandbox["sandbox_id"], ["printf", "%s|", "a b", "c"])
+    ok = await service.exec(sandbox["sandbox_id"], None, argv=["printf", "%s|", "a b", "c"])
     assert ok["status"] == "succeeded" and ok["exit_code"] == 0
     assert ok["stdout"] == "a b|c|"
     assert ok["command"] == "printf '%s|' 'a b' c"
@@ -55,9 +58,12 @@ async def test_env_cwd_and_stdin(service: Service) -> None:
     missing = await service.exec(sandbox_id, "true", cwd="nowhere")
     assert missing["status"] == "failed"
     assert missing["error"].startswith("cwd ") and missing["error"].endswith("does not exist")
-    unknown = await service.exec(sandbox_id, ["no-such-program"])
+    unknown = await service.exec(sandbox_id, None, argv=["no-such-program"])
     assert (unknown["status"], unknown["exit_code"]) == ("failed", 127)
     assert unknown["error"] == "command not found: no-such-program"
+    through_bash = await service.exec(sandbox_id, ["no-such-program"])
+    assert (through_bash["status"], through_bash["exit_code"]) == ("failed", 127)
+    assert "no-such-program: command not found" in through_bash["stderr"]
 
 
 async def test_same_job_id_runs_once(service: Service) -> None:
@@ -190,8 +196,10 @@ async def test_timeout_is_distinct_from_exit_124(service: Service) -> None:
     sandbox_id = (await service.create())["sandbox_id"]
     timed = await service.exec(sandbox_id, "echo started; sleep 30", timeout_seconds=1)
     assert (timed["status"], timed["timed_out"], timed["cancelled"]) == ("failed", True, False)
-    assert timed["error"] == "timed out after 1 s"
-    assert timed["stdout"] == "started\n"
+    assert (timed["exit_code"], timed["error"]) == (124, "Command timed out after 1s")
+    assert (timed["stdout"], timed["stderr"]) == ("started\n", "Command timed out after 1s\n")
+    partial = await service.exec(sandbox_id, "printf oops >&2; sleep 30", timeout_seconds=1)
+    assert partial["stderr"] == "oops\nCommand timed out after 1s\n"
     exited = await service.exec(sandbox_id, "exit 124")
     assert (exited["status"], exited["exit_code"], exited["timed_out"]) == ("failed", 124, False)
     [stored] = await service.orchard.store.find_jobs(timed["job_id"])
@@ -201,15 +209,15 @@ async def test_timeout_is_distinct_from_exit_124(service: Service) -> None:
 async def test_output_is_capped_and_marked_truncated(start_service: StartService) -> None:
     service = await start_service(max_output_bytes=64)
     sandbox_id = (await service.create())["sandbox_id"]
-    asked = await service.exec(
-        sandbox_id, "head -c 1000 /dev/zero | tr '\\0' x", max_output_bytes=10
-    )
-    assert asked["stdout"] == "x" * 10
+    asked = await service.exec(sandbox_id, "seq -s ' ' 1 1000; echo end", max_output_bytes=10)
+    # The head and the tail (the end of a log is what graders read), the cut marked between.
+    assert asked["stdout"] == "1 2 3\n[... 3887 bytes truncated ...]\n\nend\n"
     assert asked["truncated"] is True and asked["status"] == "succeeded"
     capped = await service.exec(
-        sandbox_id, "head -c 1000 /dev/zero | tr '\\0' y", max_output_bytes=10_000
+        sandbox_id, "head -c 1000 /dev/zero | tr '\\0' y; echo", max_output_bytes=10_000
     )
-    assert capped["stdout"] == "y" * 64 and capped["truncated"] is True
+    assert capped["stdout"] == "y" * 32 + "\n[... 937 bytes truncated ...]\n" + "y" * 31 + "\n"
+    assert capped["truncated"] is True
     small = await service.exec(sandbox_id, "echo fits")
     assert small["truncated"] is False
 
@@ -268,3 +276,41 @@ async def test_a_replayed_stream_skips_what_was_delivered() -> None:
         Output("stdout", b"gh"),
         replayed[-1],
     ]
+
+
+def job_run(cap: int) -> JobRun:
+    request = ExecRequest(command="true")
+    record = JobRecord(
+        job_id="j", sandbox_id="s", command="true", request=request, created_at=datetime.now(UTC)
+    )
+    return JobRun(record, cap)
+
+
+def test_output_past_the_cap_keeps_the_head_and_the_tail_with_the_cut_marked() -> None:
+    run = job_run(10)
+    for chunk in (b"0123", b"456789abcdef", b"ghijKLMNO"):
+        run.add("stdout", chunk)
+    run.add("stderr", b"short")
+    assert run.snapshot().stdout == "01234"  # live readers get the head as it comes
+    run.flush()
+    run.flush()  # once only
+    record = run.snapshot()
+    assert record.stdout == "01234\n[... 15 bytes truncated ...]\nKLMNO"
+    assert (record.stderr, record.truncated) == ("short", True)
+
+
+def test_the_cut_counts_what_the_agent_dropped_and_never_splits_a_character() -> None:
+    run = job_run(8)  # a head of 4 bytes, a tail of 4
+    run.add("stdout", "héé".encode())  # the head ends inside the second "é"
+    run.add("stdout", "llo wörld".encode())  # the tail starts inside "ö"
+    run.flush({"stdout": 100, "stderr": 0})  # the agent dropped 100 bytes before
+    # 15 bytes came, "hé" and "rld" (6) are shown whole: 9 dropped here, 100 by the agent
+    assert run.snapshot().stdout == "hé\n[... 109 bytes truncated ...]\nrld"
+
+
+def test_output_between_half_the_cap_and_the_cap_is_kept_whole() -> None:
+    run = job_run(10)
+    run.add("stdout", b"abcdefgh")
+    run.add("stdout", "é".encode())
+    run.flush()
+    assert (run.snapshot().stdout, run.truncated) == ("abcdefghé", False)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
+from orchard_env.orchestrator import pools
 from orchard_env.orchestrator.keys import create_key
 from orchard_env.protocol import KeyQuota
 from tests.orchestrator.conftest import FakeClock, Service, StartService, eventually
@@ -243,3 +246,52 @@ async def test_a_claim_counts_against_the_callers_quota(service: Service) -> Non
     assert refused.status_code == 429
     assert "may have at most 1 live sandboxes" in detail(refused)["message"]
     assert len(await members(service)) >= 1  # the refused create took nothing from the pool
+
+
+async def test_waiting_sandboxes_count_toward_the_service_cap_and_a_claim_needs_no_room(
+    start_service: StartService,
+) -> None:
+    service = await start_service(max_sandboxes=2)
+    await make_pool(service, 2)
+    cold = await service.http.post("/sandboxes", json={**MATCHING, "sandbox_id": "cold"})
+    assert cold.status_code == 429
+    assert "at most 2 live sandboxes (max_sandboxes) and 2 are live" in detail(cold)["message"]
+    claimed = await service.http.post("/sandboxes", json=MATCHING)
+    assert claimed.status_code == 201 and claimed.json()["status"] == "ready"
+
+    async def refill_refused() -> bool:
+        await service.orchard.pools.wake_all()
+        info = (await service.http.get("/pools/small")).json()
+        return info["error"] is not None
+
+    await eventually(refill_refused)  # the cap holds the pool at 1, and it says why
+    info = (await service.http.get("/pools/small")).json()
+    assert "max_sandboxes" in info["error"] and info["ready"] == 1
+
+
+async def test_a_crash_mid_fill_loses_no_record_and_leaks_no_container(
+    start_service: StartService, backend: AgentProcessBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_create = backend.create
+    started = asyncio.Event()
+
+    async def create_then_hang(spec: Any) -> Any:
+        await real_create(spec)  # the container exists; its answer never comes back
+        started.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(backend, "create", create_then_hang)
+    monkeypatch.setattr(pools, "CLOSE_WAIT_SECONDS", 0.1)
+    first = await start_service()
+    made = await first.http.post("/pools", json={**POOL, "size": 2})
+    assert made.status_code == 201
+    await asyncio.wait_for(started.wait(), 30)
+    await first.stop()  # the fill is cut off mid-create, as by a crash
+    made_before = set(backend.sandboxes)
+    assert made_before
+
+    monkeypatch.setattr(backend, "create", real_create)
+    second = await start_service()
+    await wait_ready(second, "small", 2)
+    assert made_before <= await members(second)  # their records kept: the same, now ready
+    assert set(backend.sandboxes) == await members(second)  # none leaked

@@ -12,9 +12,9 @@ import pytest
 
 from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.backends.docker_engine import (
+    LABEL_AGENT_KEY,
     LABEL_INSTANCE,
     LABEL_SANDBOX_ID,
-    TOKEN_ENV,
     DockerEngineBackend,
 )
 from tests.orchestrator.backends.test_docker_engine import _open_backend
@@ -39,14 +39,13 @@ async def backend(  # type: ignore[override]
 
 
 def containers(client: docker.DockerClient, settings: ServiceSettings) -> dict[str, str]:
-    """Sandbox id -> the agent secret in its container's environment."""
-    found = {}
-    for container in client.containers.list(
-        all=True, filters={"label": f"{LABEL_INSTANCE}={settings.instance}"}
-    ):
-        env = dict(item.split("=", 1) for item in container.attrs["Config"]["Env"])
-        found[container.labels[LABEL_SANDBOX_ID]] = env[TOKEN_ENV]
-    return found
+    """Sandbox id -> the agent key its container's labels hold (the engine's metadata)."""
+    return {
+        container.labels[LABEL_SANDBOX_ID]: container.labels[LABEL_AGENT_KEY]
+        for container in client.containers.list(
+            all=True, filters={"label": f"{LABEL_INSTANCE}={settings.instance}"}
+        )
+    }
 
 
 async def test_pooled_containers_are_claimed_refilled_expired_and_survive_restarts(
@@ -73,11 +72,17 @@ async def test_pooled_containers_are_claimed_refilled_expired_and_survive_restar
     claimed = created.json()
     sandbox_id = claimed["sandbox_id"]
     assert sandbox_id in waiting and claimed["status"] == "ready"
+    key = containers(docker_client, settings)[sandbox_id]
     job = await alice.post(
         f"/sandboxes/{sandbox_id}/exec",
-        json={"command": f"hostname; env | grep -c {TOKEN_ENV} || true", "wait": True},
+        json={"command": f"hostname; env | grep -c {key} || true", "wait": True},
     )
-    assert job.json()["stdout"] == f"{sandbox_id}\n0\n"  # its own; the secret is not visible
+    assert job.json()["stdout"] == f"{sandbox_id}\n0\n"  # its own; its agent key not visible
+    # Handed to alice alone: another key is told it does not exist.
+    bob = first.as_key(await first.new_key("bob"))
+    assert (await bob.get(f"/sandboxes/{sandbox_id}")).status_code == 404
+    stolen = await bob.post(f"/sandboxes/{sandbox_id}/exec", json={"command": "true"})
+    assert stolen.status_code == 404
     await wait_ready(first, "bb", 2)
 
     # Every container its own agent secret, the one its record holds.

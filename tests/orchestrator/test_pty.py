@@ -165,3 +165,30 @@ async def test_agent_close_codes_reach_the_client(service: Service, ws_connect: 
         frames = await frames_until_close(ws)
         assert ws.close_code == 4500
     assert frames == [{"type": "error", "message": "command not found: no-such-program"}]
+
+
+@pytest.mark.parametrize(
+    "init",
+    [
+        '{"type": "init", "rows": 100000}',
+        '{"type": "init", "cols": 1001}',
+        '{"type": "init", "cmd": ["/bin/sh", "\\ud800"]}',
+        '{"type": "init", "cmd": ["/bin/sh\\u0000"]}',
+        '{"type": "init", "cmd": []}',
+        '{"type": "init", "env": {"": "x"}}',
+        '{"type": "init", "env": {"A=B": "x"}}',
+        '{"type": "init", "cwd": "/tmp\\u0000"}',
+    ],
+)
+async def test_out_of_range_init_closes_4400_and_the_agent_lives(
+    service: Service, ws_connect: Connect, init: str
+) -> None:
+    sandbox_id = (await service.create())["sandbox_id"]
+    assert service.admin is not None
+    headers = {"X-API-Key": service.admin.api_key}
+    async with ws_connect(f"/sandboxes/{sandbox_id}/exec/pty", additional_headers=headers) as ws:
+        await ws.send(init)
+        frames = await frames_until_close(ws)
+        assert ws.close_code == 4400
+    assert frames[-1]["type"] == "error"
+    assert (await service.exec(sandbox_id, "echo ok"))["stdout"] == "ok\n"

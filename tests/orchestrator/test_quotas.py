@@ -51,7 +51,7 @@ async def test_a_keys_own_limits_say_which_one_was_hit(service: Service) -> None
         "and 768Mi more were asked for"
     )
     assert (await create(tenant, cpu=0.5, memory="512Mi", sandbox_id="b")).status_code == 201
-    count = await create(tenant, cpu=0.1, memory="1Mi")
+    count = await create(tenant, cpu=0.1, memory="32Mi")
     assert count.status_code == 429
     assert detail(count)["message"] == (
         f"key {key_id} may have at most 2 live sandboxes (max_sandboxes) and has 2; "

@@ -8,7 +8,8 @@ from tests.orchestrator.test_jobs import UNTIL_GO, release
 
 
 async def status(service: Service, sandbox_id: str) -> tuple[str, str | None]:
-    info = (await service.http.get(f"/sandboxes/{sandbox_id}")).json()
+    shown = await service.http.get(f"/sandboxes/{sandbox_id}", params={"include_deleted": "true"})
+    info = shown.json()
     return info["status"], info["status_message"]
 
 
@@ -93,7 +94,8 @@ async def test_old_jobs_and_ended_sandboxes_are_purged(service: Service, clock: 
     clock.advance(retention - 10)
     await service.orchard.reaper.run_pass()
     assert (await service.http.get(f"/jobs/{job['job_id']}")).status_code == 200
-    assert (await service.http.get("/sandboxes/drop")).status_code == 200
+    dropped = await service.http.get("/sandboxes/drop", params={"include_deleted": "true"})
+    assert dropped.status_code == 200
     clock.advance(20)
     await service.orchard.reaper.run_pass()
     assert (await service.http.get(f"/jobs/{job['job_id']}")).status_code == 404

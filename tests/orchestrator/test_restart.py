@@ -176,21 +176,34 @@ async def test_a_record_whose_container_is_gone_fails(
 async def test_dead_containers_are_marked_failed_with_the_reason(
     service: Service, backend: AgentProcessBackend
 ) -> None:
-    await service.create(sandbox_id="oom")
+    await service.create(sandbox_id="oom", memory="256Mi")
     job = (
         await service.http.post(
             "/sandboxes/oom/exec", json={"command": UNTIL_GO, "job_id": "in-oom"}
         )
     ).json()
     await backend.kill("oom", exit_code=137, reason="OOMKilled")
-    await service.orchard.reaper.run_pass()
-    info = (await service.http.get("/sandboxes/oom")).json()
-    assert info["status"] == "failed"
-    assert info["status_message"] == "its container stopped (exit code 137, OOMKilled)"
-    assert "oom" not in backend.sandboxes  # its remains are removed
+    oom = (
+        "OOMKilled: its container was killed for using more than its memory limit of 256Mi, "
+        "exit code 137; give it more with `memory` at create"
+    )
+    # The job that was running learns it at once (not at the next reconciliation).
     failed = (await service.http.get(f"/jobs/{job['job_id']}/wait", params={"timeout": 10})).json()
     assert failed["status"] == "failed"
-    assert failed["error"].startswith("sandbox oom is ")
+    assert failed["error"] == f"sandbox oom is failed: {oom}"
+    info = (await service.http.get("/sandboxes/oom")).json()
+    assert (info["status"], info["status_message"]) == ("failed", oom)
+    assert "oom" not in backend.sandboxes  # its remains are removed
+    # Every later request says why (the SDK raises SandboxNotReady with this message).
+    later = await service.http.post("/sandboxes/oom/exec", json={"command": "true"})
+    assert later.status_code == 409
+    assert later.json()["detail"]["message"] == f"sandbox oom failed: {oom}"
+
+    await service.create(sandbox_id="crashed")
+    await backend.kill("crashed", exit_code=3, reason="exited with code 3")
+    await service.orchard.reaper.run_pass()
+    info = (await service.http.get("/sandboxes/crashed")).json()
+    assert info["status_message"] == "its container stopped (exit code 3, exited with code 3)"
 
 
 async def test_containers_of_deleted_records_are_removed(

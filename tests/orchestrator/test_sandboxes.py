@@ -7,6 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
+from orchard_env.orchestrator.sandboxes import pids_for
 from tests.orchestrator.conftest import Service, StartService
 from tests.orchestrator.fakes import CRASH_IMAGE, HANG_IMAGE, MISSING_IMAGE, AgentProcessBackend
 
@@ -40,8 +41,10 @@ async def test_create_returns_upstream_fields_and_becomes_ready(
     assert ready.status_code == 200
     info = ready.json()
     assert info["status"] == "ready" and info["ready"] is True
-    # Idle expiry (1800 s) comes before the lifetime cap (7200 s); times are epoch seconds.
-    assert info["expires_at"] == pytest.approx(info["last_activity_at"] + 1800)
+    # No idle expiry before a first heartbeat (upstream's clients never send one): the
+    # lifetime cap (7200 s) alone; times are epoch seconds.
+    assert info["idle_timeout_seconds"] is None
+    assert info["expires_at"] == pytest.approx(info["created_at"] + 7200)
     assert (await service.http.get("/sandboxes/box-1")).json()["status"] == "ready"
 
 
@@ -170,7 +173,16 @@ async def test_delete_removes_the_container_and_keeps_the_record(
         "already_deleted": False,
     }
     assert "gone-soon" not in backend.sandboxes
-    shown = (await service.http.get("/sandboxes/gone-soon")).json()
+    # As upstream: a deleted sandbox is 404 (saying why); include_deleted shows its record.
+    hidden = await service.http.get("/sandboxes/gone-soon")
+    assert hidden.status_code == 404
+    assert detail(hidden) == {
+        "code": "sandbox_not_found",
+        "message": "sandbox gone-soon was deleted: deleted by request",
+    }
+    shown = (
+        await service.http.get("/sandboxes/gone-soon", params={"include_deleted": "true"})
+    ).json()
     assert shown["status"] == "deleted" and shown["ready"] is False
     assert shown["deleted_at"] is not None and shown["created_at"] == info["created_at"]
 
@@ -253,10 +265,39 @@ async def test_list_filters_by_label_and_status(service: Service) -> None:
 
 
 async def test_heartbeat_extends_expiry(service: Service, clock: Any) -> None:
-    info = await service.create(sandbox_id="beat")
+    info = await service.create(sandbox_id="beat", idle_timeout_seconds=1800)
     clock.advance(600)
     response = await service.http.post("/sandboxes/beat/heartbeat")
     assert response.status_code == 200
     body = response.json()
     assert (body["status"], body["sandbox_id"]) == ("ok", "beat")
     assert body["expires_at"] > info["expires_at"] + 599
+
+
+def test_the_process_limit_fits_the_memory_limit() -> None:
+    assert [pids_for(mib << 20, 4096) for mib in (16, 64, 512, 2048, 16384)] == [
+        128,
+        128,
+        512,
+        2048,
+        4096,
+    ]
+
+
+async def test_idle_expiry_starts_with_the_first_heartbeat(service: Service, clock: Any) -> None:
+    """Upstream's clients never heartbeat, and upstream idle-expired only sandboxes that sent
+    one: without ``idle_timeout_seconds`` only the lifetime cap applies until a heartbeat."""
+    info = await service.create(sandbox_id="quiet")
+    assert info["idle_timeout_seconds"] is None
+    clock.advance(3600)  # twice the service's idle timeout, without any activity
+    await service.orchard.reaper.run_pass()
+    assert (await service.http.get("/sandboxes/quiet")).json()["status"] == "ready"
+    beat = (await service.http.post("/sandboxes/quiet/heartbeat")).json()
+    shown = (await service.http.get("/sandboxes/quiet")).json()
+    assert shown["idle_timeout_seconds"] == 1800
+    assert beat["expires_at"] == pytest.approx(shown["last_activity_at"] + 1800)
+    clock.advance(1801)
+    await service.orchard.reaper.run_pass()
+    gone = await service.http.get("/sandboxes/quiet")
+    assert gone.status_code == 404
+    assert "expired: idle for 1800 s" in detail(gone)["message"]

@@ -107,14 +107,58 @@ async def test_transient_errors_are_503_with_retry_after(
 async def test_health_and_resources(service: Service) -> None:
     health = (await service.http.get("/health")).json()
     assert health["status"] == "healthy" and health["backend"] == "fake"
-    await service.create(cpu="0.5", memory="256Mi")
+    first = await service.create(cpu="0.5", memory="256Mi")
     await service.create(cpu="1", memory="1Gi")
     report = (await service.http.get("/resources")).json()
-    assert report["sandboxes"] == 2
-    assert report["requests"] == {"cpu": 1.5, "memory_bytes": (256 + 1024) * 1024**2}
-    node = report["nodes"][0]
-    assert node["capacity"]["cpu"] >= 1 and node["capacity"]["memory_bytes"] > 0
-    assert report["available"]["cpu"] == max(report["totals"]["cpu"] - 1.5, 0)
+    # Upstream's fields, with upstream's shapes.
+    assert report["status"] == "ok"
+    assert report["nodes"] == [
+        {
+            "name": "fake-node",
+            "capacity": {"cpu": 8.0, "memory_bytes": 32 * 1024**3},
+            "allocatable": {"cpu": 7.5, "memory_bytes": 30 * 1024**3},
+        }
+    ]
+    assert report["total_capacity"] == {"cpu": 8.0, "memory_bytes": 32 * 1024**3}
+    assert report["total_allocatable"] == {"cpu": 7.5, "memory_bytes": 30 * 1024**3}
+    requested = {"cpu": 1.5, "memory_bytes": (256 + 1024) * 1024**2}
+    assert report["total_requested"] == requested
+    assert report["available"] == {"cpu": 6.0, "memory_bytes": 30 * 1024**3 - (1280 * 1024**2)}
+    pod = next(p for p in report["sandbox_pods"] if p["name"] == first["sandbox_id"])
+    assert pod == {
+        "name": first["sandbox_id"],
+        "namespace": "test",
+        "phase": "Running",
+        "cpu_request": 0.5,
+        "memory_request_bytes": 256 * 1024**2,
+        "sandbox_id": first["sandbox_id"],
+    }
+    # Orchard's fields.
+    assert report["scope"] == "service" and report["backend"] == "fake"
+    assert report["sandboxes"] == 2 and len(report["sandbox_pods"]) == 2
+    assert (report["totals"], report["requests"]) == (report["total_allocatable"], requested)
+
+
+async def test_a_non_admin_key_sees_only_its_own_sandboxes_in_resources(
+    service: Service,
+) -> None:
+    await service.create(cpu="2", memory="1Gi")  # the admin's
+    key = await service.new_key("alice")
+    async with service.as_key(key) as alice:
+        empty = (await alice.get("/resources")).json()
+        assert empty["scope"] == "key"
+        assert (empty["sandboxes"], empty["sandbox_pods"]) == (0, [])
+        assert empty["total_requested"] == {"cpu": 0.0, "memory_bytes": 0}
+        assert empty["available"] == empty["total_allocatable"]
+        created = await alice.post("/sandboxes", json={"image": "debian:12", "cpu": "0.5"})
+        assert created.status_code == 201, created.text
+        mine = created.json()["sandbox_id"]
+        report = (await alice.get("/resources")).json()
+    assert [p["sandbox_id"] for p in report["sandbox_pods"]] == [mine]
+    assert report["total_requested"] == {"cpu": 0.5, "memory_bytes": 2 * 1024**3}
+    assert report["total_capacity"] == empty["total_capacity"]  # the substrate is no secret
+    everything = (await service.http.get("/resources")).json()
+    assert everything["total_requested"]["cpu"] == 2.5 and everything["sandboxes"] == 2
 
 
 async def test_logs_are_json_and_never_carry_keys(

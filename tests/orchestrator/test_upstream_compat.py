@@ -15,9 +15,11 @@ import asyncio
 import base64
 import json
 import time
+from datetime import datetime, timedelta
 from typing import Any
 
-from tests.orchestrator.conftest import Connect, Service
+from tests.orchestrator.conftest import Connect, Service, StartService
+from tests.orchestrator.fakes import AgentProcessBackend
 from tests.orchestrator.test_pty import frames_until_close, stdout_of
 
 PATCH = """\
@@ -168,18 +170,33 @@ async def test_exec_waits_server_side(service: Service) -> None:
     check_job(job)
     assert (job["status"], job["stdout"]) == ("succeeded", f"1\n{cwd}\n")
 
-    # A list command is one argv (upstream joined it with spaces).
-    body = {
-        "command": ["python3", "-c", "print(2 + 2)"],
-        "timeout_seconds": None,
-        "cwd": None,
-        "env": None,
-        "login_shell": False,
-        "wait": True,
-    }
-    job = answer(await service.http.post(url, json=body))
+    # A list command is joined with spaces and run through bash, as upstream ran it: globs,
+    # operators and redirections inside it work.
+    def listed(command: list[str]) -> dict[str, Any]:
+        return {
+            "command": command,
+            "timeout_seconds": None,
+            "cwd": cwd,
+            "env": None,
+            "login_shell": False,
+            "wait": True,
+        }
+
+    job = answer(await service.http.post(url, json=listed(["echo", "hi", ">", "a.py"])))
     check_job(job)
-    assert (job["status"], job["stdout"]) == ("succeeded", "4\n")
+    assert (job["status"], job["stdout"], job["command"]) == ("succeeded", "", "echo hi > a.py")
+    job = answer(await service.http.post(url, json=listed(["ls", "*.py"])))
+    assert (job["status"], job["stdout"]) == ("succeeded", "a.py\n")
+    job = answer(await service.http.post(url, json=listed(["echo hi && echo there"])))
+    assert (job["status"], job["stdout"]) == ("succeeded", "hi\nthere\n")
+
+    # Orchard's argv runs exactly, with no shell.
+    exact = {"argv": ["ls", "*.py"], "cwd": cwd, "wait": True}
+    job = answer(await service.http.post(url, json=exact))
+    assert (job["status"], job["command"]) == ("failed", "ls '*.py'")
+    assert "*.py" in job["stderr"] and job["stdout"] == ""
+    both = await service.http.post(url, json={**exact, "command": "ls"})
+    assert both.status_code == 400 and "exactly one of command" in both.text
 
 
 async def test_failures_and_timeouts_end_as_failed(service: Service) -> None:
@@ -212,7 +229,10 @@ async def test_failures_and_timeouts_end_as_failed(service: Service) -> None:
     timed_out = answer(await service.http.post(url, json=body))
     check_job(timed_out)
     assert timed_out["status"] == "failed"
-    assert isinstance(timed_out["error"], str) and timed_out["timed_out"] is True
+    # Upstream's report: GNU timeout's exit code, its message, and a note on stderr.
+    assert (timed_out["exit_code"], timed_out["error"]) == (124, "Command timed out after 1s")
+    assert timed_out["stderr"].endswith("Command timed out after 1s\n")
+    assert timed_out["timed_out"] is True
 
 
 async def test_exec_without_wait_then_polling_and_job_wait(service: Service) -> None:
@@ -365,3 +385,138 @@ async def test_pty_session_with_the_key_in_the_query(service: Service, ws_connec
         await ws.send(json.dumps({"type": "signal", "sig": "TERM"}))
         frames = await frames_until_close(ws)
     assert frames[-1] == {"type": "exit", "code": -15}  # negative: killed by that signal
+
+
+async def test_a_capped_log_keeps_its_end_in_the_text_upstream_reads(
+    start_service: StartService,
+) -> None:
+    """Upstream's ``JobResult`` reads ``stdout`` and ``status`` only (never ``truncated``): a
+    test log over the cap must still end with its summary, the cut marked in the text."""
+    service = await start_service(max_output_bytes=100)
+    sandbox_id = (await create(service, {"image": "python:3.11-slim", "block_network": True}))[
+        "sandbox_id"
+    ]
+    body = {
+        "command": "for i in $(seq 500); do echo test_$i PASSED; done; echo '1 failed, 499 passed'",
+        "timeout_seconds": None,
+        "cwd": None,
+        "env": None,
+        "login_shell": False,
+        "wait": True,
+    }
+    job = answer(await service.http.post(f"/sandboxes/{sandbox_id}/exec", json=body))
+    check_job(job)
+    assert job["stdout"].startswith("test_1 PASSED\n")
+    assert job["stdout"].endswith("test_500 PASSED\n1 failed, 499 passed\n")
+    assert "\n[... " in job["stdout"] and " bytes truncated ...]\n" in job["stdout"]
+
+
+# --- the decided differences (docs/api.md, "Upstream compatibility") -----------------------
+
+
+async def test_unknown_fields_are_400_naming_the_field(service: Service) -> None:
+    """Upstream ignored a misspelt field (``timout``) and ran with the default: here it is a
+    400 that names it. Every field upstream's SDK sends is known."""
+    response = await service.http.post(
+        "/sandboxes", json={"image": "python:3.11-slim", "block_network": True, "timout": 5}
+    )
+    assert response.status_code == 400
+    assert response.json()["detail"]["code"] == "invalid_request"
+    assert "timout" in response.json()["detail"]["message"]
+
+
+async def test_a_deleted_sandbox_is_404_as_upstream_and_delete_stays_idempotent(
+    service: Service,
+) -> None:
+    sandbox_id = (await create(service, {"image": "python:3.11-slim", "block_network": True}))[
+        "sandbox_id"
+    ]
+    answer(await service.http.delete(f"/sandboxes/{sandbox_id}"))
+    # get_sandbox() after a delete: upstream's SDK gets 404 (raise_for_status), as upstream.
+    gone = await service.http.get(f"/sandboxes/{sandbox_id}")
+    assert gone.status_code == 404
+    assert gone.json()["detail"]["message"] == (
+        f"sandbox {sandbox_id} was deleted: deleted by request"
+    )
+    # The instance's delete() on context exit after a delete elsewhere: still a 2xx.
+    assert answer(await service.http.delete(f"/sandboxes/{sandbox_id}"))["status"] == "deleted"
+    # An id that never existed is 404 (upstream answered "deleted" for any id).
+    assert (await service.http.delete("/sandboxes/never-was")).status_code == 404
+
+
+async def test_the_request_timeout_governs_readiness_up_to_the_service_limit(
+    service: Service, backend: AgentProcessBackend
+) -> None:
+    """Upstream's SDK sends ``timeout`` (default 3600 on upstream's side) and waits that long;
+    here the request's value is the deadline of the whole start, pull included."""
+    limit = service.orchard.settings.max_ready_timeout_seconds
+    created = await create(service, {"image": "python:3.11-slim", "timeout": limit})
+    assert created["timeout"] == limit
+    # The backend gets it for the pull (the engine's pull stops at it).
+    assert backend.sandboxes[created["sandbox_id"]].spec.ready_timeout_seconds == limit
+    too_long = await service.http.post(
+        "/sandboxes", json={"image": "python:3.11-slim", "timeout": limit + 1}
+    )
+    assert too_long.status_code == 400
+    assert too_long.json()["detail"]["message"] == (
+        f"timeout: {limit + 1} s is above this service's limit of {limit} s for a sandbox "
+        "to become ready"
+    )
+
+
+async def test_no_idle_expiry_for_a_client_that_never_heartbeats(service: Service) -> None:
+    created = await create(service, {"image": "python:3.11-slim", "block_network": True})
+    sandbox_id = created["sandbox_id"]
+    shown = answer(await service.http.get(f"/sandboxes/{sandbox_id}"))
+    assert shown["idle_timeout_seconds"] is None
+    ttl = service.orchard.settings.sandbox_ttl_seconds
+    assert shown["expires_at"] == created["created_at"] + ttl
+
+
+async def test_pty_refusals_close_after_the_handshake_with_a_reason(
+    service: Service, ws_connect: Connect
+) -> None:
+    """Upstream closed before accepting, so its clients saw a bare HTTP 403; here the
+    handshake succeeds, an ``error`` frame says why, and the close code tells which."""
+    assert service.admin is not None
+    url = f"/sandboxes/no-such-box/exec/pty?api_key={service.admin.api_key}"
+    async with ws_connect(url) as ws:
+        frames = await frames_until_close(ws)
+        assert ws.close_code == 4404
+    assert frames == [{"type": "error", "message": "sandbox no-such-box does not exist"}]
+
+
+async def test_upstreams_default_size_is_one_setting_away(start_service: StartService) -> None:
+    """Orchard sizes a sandbox that asks for nothing at 1 CPU / 2Gi; a service (or a
+    deployment profile's ``limits``) set to 4 / 16Gi answers upstream's defaults."""
+    service = await start_service(default_cpu=4.0, default_memory=16 * 1024**3)
+    created = await create(service, {"image": "python:3.11-slim", "block_network": True})
+    assert (created["cpu"], created["memory"]) == ("4", "16Gi")
+
+
+async def test_file_listing_types_and_times(service: Service) -> None:
+    """``type`` is ``file``/``directory`` for what upstream listed so, plus ``symlink`` (not
+    followed) and ``other``; ``modified`` is ISO 8601 in UTC, which ``fromisoformat`` reads
+    as upstream's zone-less local time string was read."""
+    sandbox_id = (await create(service, {"image": "python:3.11-slim", "block_network": True}))[
+        "sandbox_id"
+    ]
+    root = await workdir(service, sandbox_id)
+    body = {
+        "command": "mkdir d && echo x > f && ln -s d link && mkfifo pipe",
+        "timeout_seconds": None,
+        "cwd": None,
+        "env": None,
+        "login_shell": False,
+        "wait": True,
+    }
+    answer(await service.http.post(f"/sandboxes/{sandbox_id}/exec", json=body))
+    listed = answer(
+        await service.http.get(f"/sandboxes/{sandbox_id}/files/list", params={"path": root})
+    )
+    types = {entry["name"]: entry["type"] for entry in listed["files"]}
+    assert types == {"d": "directory", "f": "file", "link": "symlink", "pipe": "other"}
+    for entry in listed["files"]:
+        modified = datetime.fromisoformat(entry["modified"])
+        assert modified.utcoffset() == timedelta(0)
+        assert abs(modified.timestamp() - time.time()) < 3600

@@ -80,7 +80,8 @@ def test_up_plan_prints_every_resource_and_the_hourly_cost(
     ]
     assert "  orchestrator: demoacr.azurecr.io/orchard/orchestrator:1.0.0-test" in lines
     assert "  sandbox: demoacr.azurecr.io/orchard/sandbox:1.0.0-test" in lines
-    assert "Kubernetes objects (server-side apply, 17)" in lines
+    assert "Kubernetes objects (server-side apply, 19)" in lines
+    assert "  ClusterRole orchard-nodes-orchard" in lines
     assert "  Deployment orchard/orchard-orchestrator" in lines
     assert "Stages provision: pending, images: pending, deploy: pending, smoke: pending" in lines
     # D4as_v5 $0.172/h and D8as_v5 spot $0.072618/h, each with a managed P10 ($19.71/730 h);
@@ -128,7 +129,7 @@ def test_down_deletes_what_up_created(arm: FakeArm, sample: Path) -> None:
     aks.provision(lambda _m: None)
     arm.requests.clear()
     refused = invoke("down", "--profile", str(sample))
-    assert refused.exit_code == 2 and "Rerun with --yes" in refused.output
+    assert refused.exit_code == 125 and "Rerun with --yes" in refused.output
     assert arm.writes() == []
     result = invoke("down", "--profile", str(sample), "--yes")
     assert result.exit_code == 0, result.output

@@ -1,4 +1,5 @@
-"""Upstream's README usage, unchanged, against real containers (engine tier).
+"""Upstream's README usage, unchanged, against real containers (engine tier); and what a
+command does to memory, processes and output cannot take the agent down.
 
 The orchestrator runs under uvicorn on loopback with the real engine backend (Podman here)
 and the locally built images: the Debian sandbox image (python3, bash, git) and a busybox
@@ -7,7 +8,9 @@ image with no Python and no bash at all. Paths are the real ``/workspace`` of a 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,111 @@ async def test_async_client_on_an_image_without_python_or_bash(
         await proc.write_stdin("exit 3\n")
         assert await proc.wait(timeout=20) == 3
         await proc.close()
+
+
+def test_login_shell_sources_a_guarded_bashrc_on_exec_and_pty(
+    orchard: Live, conda_image: str
+) -> None:
+    """SWE-bench-style images activate conda in a ``~/.bashrc`` that returns early unless the
+    shell is interactive: login_shell=True must see that environment, as upstream's did."""
+    url, key = orchard
+    probe = "echo $CONDA_DEFAULT_ENV; python"
+    with (
+        SandboxClient(base_url=url, api_key=key) as client,
+        client.create_sandbox(conda_image, memory="256Mi") as sandbox,
+    ):
+        login = sandbox.exec(probe, login_shell=True)
+        assert (login.stdout, login.stderr) == ("testbed\nconda-testbed-python\n", "")
+        joined = sandbox.exec(["echo", "$CONDA_DEFAULT_ENV", "&&", "python"], login_shell=True)
+        assert joined.stdout == "testbed\nconda-testbed-python\n"
+        plain = sandbox.exec("echo ${CONDA_DEFAULT_ENV:-none}")
+        assert plain.stdout == "none\n"
+        with sandbox.pty(["bash", "-c", probe], login_shell=True) as proc:
+            assert b"testbed\r\nconda-testbed-python" in proc.read_all(timeout=20)
+            assert proc.wait(timeout=10) == 0
+
+
+# --- what commands do to memory, processes and output (issue: bounded resources) ---
+
+FORK_BOMB = ":(){ :|:& };:; sleep 600"  # the bomb goes to the background: wait
+# A bound on a timeout's lateness that only a starved agent misses (it was 339 s).
+STARVED = timedelta(seconds=60)
+PROCESS_COUNT = "ls -d /proc/[0-9]* | wc -l"
+
+
+def test_a_fork_bomb_times_out_on_time_and_the_agent_keeps_working(
+    orchard: Live,
+    sandbox_image: str,
+) -> None:
+    url, key = orchard
+    with (
+        SandboxClient(base_url=url, api_key=key) as client,
+        client.create_sandbox(sandbox_image, memory="256Mi") as sandbox,
+    ):
+        bomb = sandbox.exec(FORK_BOMB, timeout=5)
+        assert (bomb.timed_out, bomb.exit_code, bomb.error) == (
+            True,
+            124,
+            "Command timed out after 5s",
+        )
+        assert bomb.started_at is not None and bomb.completed_at is not None
+        assert bomb.completed_at - bomb.started_at < timedelta(seconds=5) + STARVED
+        after = sandbox.exec(PROCESS_COUNT, timeout=30)
+        # The init, the agent, this shell and its ls/wc: the bomb is gone, every process.
+        assert after.succeeded and int(after.stdout) <= 6, after.stdout
+
+
+def test_cancel_kills_setsid_and_nohup_descendants_in_a_container(
+    orchard: Live,
+    sandbox_image: str,
+) -> None:
+    url, key = orchard
+    escape = (
+        "setsid sleep 1001 >/dev/null 2>&1 & nohup sleep 1002 >/dev/null 2>&1 & "
+        "(setsid sleep 1003 >/dev/null 2>&1 &); sleep 1000"
+    )
+    sleeps = "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -o 'sleep 100[0-3]' | sort"
+    with (
+        SandboxClient(base_url=url, api_key=key) as client,
+        client.create_sandbox(sandbox_image, memory="256Mi") as sandbox,
+    ):
+        job = sandbox.exec(escape, wait=False)
+        for _ in range(200):
+            if sandbox.exec(sleeps).stdout.split("\n")[:-1] == [
+                "sleep 1000",
+                "sleep 1001",
+                "sleep 1002",
+                "sleep 1003",
+            ]:
+                break
+        else:
+            pytest.fail("the command's sleeps never all started")
+        cancelled = client.cancel_job(job.job_id)
+        assert cancelled.cancelled
+        assert sandbox.exec(sleeps).stdout == ""
+        timed = sandbox.exec(escape, timeout=3)
+        assert timed.timed_out and sandbox.exec(sleeps).stdout == ""
+
+
+async def test_output_floods_leave_the_agent_alive(
+    orchard: Live,
+    sandbox_image: str,
+) -> None:
+    """8 jobs writing 40 MiB each in a 512Mi sandbox, and 17 MB in a 64Mi one, OOM-killed the
+    agent when it held output in memory; now it spills and keeps head and tail."""
+    url, key = orchard
+    flood = "yes {word} | head -c {size}; echo END"
+    async with AsyncSandboxClient(base_url=url, api_key=key) as client:
+        async with await client.create_sandbox(sandbox_image, memory="512Mi") as big:
+            results = await asyncio.gather(
+                *(big.exec(flood.format(word=f"job{i}", size=40 << 20)) for i in range(8))
+            )
+            for i, result in enumerate(results):
+                assert result.succeeded and result.truncated, result.error
+                assert result.stdout.startswith(f"job{i}\n") and result.stdout.endswith("END\n")
+                assert "bytes truncated ...]" in result.stdout
+            assert (await big.exec("echo alive")).stdout == "alive\n"
+        async with await client.create_sandbox(sandbox_image, memory="64Mi") as small:
+            result = await small.exec(flood.format(word="small", size=17_000_000))
+            assert result.succeeded and result.stdout.endswith("END\n"), result.error
+            assert (await small.exec("echo alive")).stdout == "alive\n"

@@ -10,6 +10,7 @@ workdir (absolute paths would land on this host: there is no container).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -129,8 +130,14 @@ def test_exec_stream_and_streamed(live: Live) -> None:
         assert text == {"stdout": "out\n", "stderr": "err\n"}
         assert events[-1].job is not None and events[-1].job.exit_code == 3
         out: list[str] = []
-        result = sandbox.exec_streamed(["printf", "%s|", "a b", "c"], stdout=out.append)
+        result = sandbox.exec_streamed(
+            ["printf", "%s|", "a b", "c"], stdout=out.append, shell=False
+        )
         assert "".join(out) == "a b|c|" and result.succeeded
+        joined = sandbox.exec(["printf", "'%s|'", "a b", "c", ">&2"])
+        assert (joined.stdout, joined.stderr) == ("", "a|b|c|")
+        with pytest.raises(errors.InvalidRequest, match="shell=False needs the command as a list"):
+            sandbox.exec("true", shell=False)
 
 
 def test_pty_session(live: Live) -> None:
@@ -315,3 +322,48 @@ def test_sandboxes_left_behind_are_deleted_when_the_process_ends(live: Live, how
     sandbox_id = done.stdout.strip()
     with SandboxClient(base_url=live.url, api_key=live.api_key) as client:
         assert client.get_sandbox(sandbox_id).status == "deleted"
+
+
+def test_an_oom_killed_sandbox_says_so_in_the_sdk_and_the_cli(
+    live: Live, backend: AgentProcessBackend
+) -> None:
+    """Backend (the engine's OOMKilled) → record → API → SDK error → CLI message."""
+    oom = (
+        "OOMKilled: its container was killed for using more than its memory limit of 256Mi, "
+        "exit code 137; give it more with `memory` at create"
+    )
+    with SandboxClient(base_url=live.url, api_key=live.api_key) as client:
+        sandbox = client.create_sandbox("debian:12", memory="256Mi")
+        asyncio.run(backend.kill(sandbox.sandbox_id, exit_code=137, reason="OOMKilled"))
+        # The command that was sent when it died: failed, and why.
+        result = sandbox.exec("true")
+        assert (result.status, result.error) == (
+            "failed",
+            f"sandbox {sandbox.sandbox_id} is failed: {oom}",
+        )
+        # Everything after: the error class of a failed sandbox, with the reason.
+        with pytest.raises(errors.SandboxNotReady) as raised:
+            sandbox.exec("true")
+        assert raised.value.message == f"sandbox {sandbox.sandbox_id} failed: {oom}"
+        assert client.get_sandbox(sandbox.sandbox_id).info.status_message == oom
+        env = {**os.environ, "ORCHARD_URL": live.url, "ORCHARD_API_KEY": live.api_key}
+        cli = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "orchard_cli.main",
+                "sandbox",
+                "exec",
+                sandbox.sandbox_id,
+                "--",
+                "true",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert cli.returncode != 0
+        assert oom in " ".join(cli.stderr.split()), cli.stderr
+        assert "Traceback" not in cli.stderr
+        sandbox.delete()

@@ -8,11 +8,14 @@ stays small (idle RSS target: 20 MB). The bundle ships this package as ``orchard
     python -I -m orchard_env.agent.daemon --listen unix:/run/orchard/agent.sock
     python -I -m orchard_env.agent.daemon --listen tcp:0.0.0.0:9090
 
-The bearer token comes from ``ORCHARD_AGENT_TOKEN`` (``--no-auth`` disables auth, for tests).
+It takes the sandbox's key (and the sandbox's environment for commands) from the
+orchestrator's ``POST /enroll``, never from its environment, and makes itself non-dumpable
+(:mod:`.proof`, :func:`.server.become_undumpable`).
 ``ORCHARD_AGENT_WORKDIR`` (default ``/workspace``) is where relative paths and commands start.
 
 Modules: :mod:`.init` (PID 1's reaper), :mod:`.http` (requests, responses, errors),
 :mod:`.fdio` (non-blocking fd I/O), :mod:`.procs` (how commands are started and reaped),
 :mod:`.jobs` (exec jobs and their output), :mod:`.files` (the file routes),
-:mod:`.websocket` and :mod:`.pty` (terminals), :mod:`.server` (routes, auth, entry).
+:mod:`.websocket` and :mod:`.pty` (terminals), :mod:`.proof` (the MACs of requests and
+answers), :mod:`.server` (routes, enrollment, auth, entry).
 """

@@ -7,6 +7,7 @@ import os
 import stat
 import time
 
+from . import proof
 from .http import FILE_CHUNK, HTTPError, Request, invalid, os_error
 
 
@@ -36,6 +37,7 @@ async def read_file(req: Request, path: str) -> None:
                     ("Content-Type", "application/octet-stream"),
                     ("Content-Length", str(info.st_size)),
                 ],
+                proof.RAW,
             )
         )
         left = info.st_size

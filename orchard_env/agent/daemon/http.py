@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import os
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qsl, unquote
+
+from . import proof
 
 FILE_CHUNK = 256 * 1024
 MAX_HEADER_BYTES = 64 * 1024
@@ -79,6 +82,13 @@ class Request:
         self.method = method
         self.version = version
         self.headers = headers
+        self.target = target
+        # Set once the request is authenticated (see Agent.check_auth): every answer is then
+        # proven (proof.PROOF_HEADER), and a body announced by its digest must match it.
+        self.key: bytes | None = None
+        self.nonce: str | None = None
+        self.body_digest: str | None = None
+        self._sent: Any = None  # the digest of a job stream's bytes so far
         raw_path, _, query = target.partition("?")
         self.path = unquote(raw_path)
         self.query = dict(parse_qsl(query, keep_blank_values=True))
@@ -97,6 +107,7 @@ class Request:
             if self.remaining < 0:
                 raise invalid(f"bad Content-Length {length!r}")
         self.body_done = not self.chunked_body and self.remaining == 0
+        self.has_body = not self.body_done
 
     # request body
 
@@ -106,8 +117,10 @@ class Request:
             return
         if "100-continue" in self.headers.get("expect", "").lower() and not self.started:
             self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        received = hashlib.sha256()
         if self.chunked_body:
             async for chunk in self._chunked():
+                received.update(chunk)
                 yield chunk
         else:
             while self.remaining:
@@ -115,8 +128,17 @@ class Request:
                 if not chunk:
                     raise ConnectionResetError("client closed the connection mid-body")
                 self.remaining -= len(chunk)
+                received.update(chunk)
                 yield chunk
         self.body_done = True
+        self.check_body(received.hexdigest())
+
+    def check_body(self, received: str) -> None:
+        """The body read is the one the request's MAC covers (unless it is streamed)."""
+        expected = self.body_digest
+        if expected is not None and expected != proof.UNSIGNED_BODY and expected != received:
+            self.keep_alive = False
+            raise HTTPError(401, "unauthenticated", "the request body is not the one signed")
 
     async def _chunked(self) -> AsyncIterator[bytes]:
         while True:
@@ -184,10 +206,15 @@ class Request:
 
     # response
 
-    def head(self, status: int, headers: list[tuple[str, str]]) -> bytes:
+    def head(self, status: int, headers: list[tuple[str, str]], body: str) -> bytes:
+        """The response head; proven (over ``body``: its digest, or a proof kind) when the
+        request was authenticated."""
         self.started = True
         lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}"]
         lines.extend(f"{name}: {value}" for name, value in headers)
+        if self.key is not None and self.nonce is not None:
+            mac = proof.response_mac(self.key, self.nonce, status, body)
+            lines.append(f"{proof.PROOF_HEADER}: {mac}")
         if status != 101:
             lines.append("Connection: " + ("keep-alive" if self.keep_alive else "close"))
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
@@ -195,21 +222,35 @@ class Request:
     async def send_json(self, status: int, payload: Any) -> None:
         body = json.dumps(payload, separators=(",", ":")).encode()
         head = self.head(
-            status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+            status,
+            [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
+            proof.digest(body),
         )
         self.writer.write(head + body)
         await self.writer.drain()
 
     def start_chunked(self, content_type: str) -> None:
+        """Start a job stream (its lines proven as a whole by :meth:`end_chunked`)."""
+        self._sent = hashlib.sha256()
         self.writer.write(
-            self.head(200, [("Content-Type", content_type), ("Transfer-Encoding", "chunked")])
+            self.head(
+                200,
+                [("Content-Type", content_type), ("Transfer-Encoding", "chunked")],
+                proof.STREAM,
+            )
         )
 
     def write_chunk(self, data: bytes) -> None:
         if data:
+            self._sent.update(data)
             self.writer.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
 
     def end_chunked(self) -> None:
+        """End a job stream with the proof line over every byte sent before it."""
+        if self.key is not None and self.nonce is not None:
+            mac = proof.stream_mac(self.key, self.nonce, self._sent.hexdigest())
+            line = b'{"t":"p","mac":"%s"}\n' % mac.encode()
+            self.writer.writelines((b"%x\r\n" % len(line), line, b"\r\n"))
         self.writer.write(b"0\r\n\r\n")
 
 

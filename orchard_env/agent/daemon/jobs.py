@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import time
 
 from .fdio import write_fd
 from .http import HTTPError
-from .procs import Processes, exit_fields, spawn_failure
+from .procs import Processes, build_argv, exit_fields, kill_tree, spawn_failure
+from .spool import Budget, EventLog, TailRing, spool_dir
 
 DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024  # per stream, when the request names no cap
 READ_CHUNK = 64 * 1024
@@ -22,6 +21,7 @@ EXIT_DRAIN_GRACE = 1.0  # seconds to wait for pipe EOF after the command itself 
 JOB_KEEP_SECONDS = 3600.0
 JOB_KEEP_COUNT = 1000
 JOB_BUFFER_BUDGET = 256 * 1024 * 1024  # output kept for finished jobs, all together
+SPOOLED_KEEP_COUNT = 64  # finished jobs that keep a spool file (and its descriptor) open
 
 
 class JobTable:
@@ -30,6 +30,8 @@ class JobTable:
     def __init__(self, procs: Processes) -> None:
         self.procs = procs
         self.jobs: dict[str, Job] = {}
+        self.memory = Budget()
+        self.spool_dir = spool_dir()
 
     def get(self, job_id: str) -> Job | None:
         return self.jobs.get(job_id)
@@ -60,30 +62,36 @@ class JobTable:
                 excess -= 1
             else:
                 kept.append(job)
-        total = sum(job.buffered for job in kept)
+        total = sum(job.log.size for job in kept)
+        spooled = sum(job.log.fd is not None for job in kept)
         for job in kept:
-            if total <= JOB_BUFFER_BUDGET:
+            if total <= JOB_BUFFER_BUDGET and spooled <= SPOOLED_KEEP_COUNT:
                 break
-            if len(job.events) > 1:
-                total -= job.drop_output()
+            spooled -= job.log.fd is not None
+            total -= job.drop_output()
 
 
 class Job:
     """One command run, kept by job_id so a repeated submission attaches instead of rerunning.
 
-    Output is kept as encoded NDJSON lines (the stream every attacher replays from the start),
-    capped per stream at ``max_output`` bytes; the final ``x`` line ends it.
+    Output is kept as encoded NDJSON lines in an :class:`EventLog` (the stream every attacher
+    replays from the start; memory first, then a spool file) and the final ``x`` line apart.
+    Past half of ``max_output`` bytes a stream's output goes to a :class:`TailRing` of the
+    other half, emitted when the command has ended; the ``x`` line says how many bytes fell
+    between the two (``dropped``, per stream).
     """
 
     def __init__(self, table: JobTable, job_id: str, fingerprint: str, max_output: int) -> None:
         self.table = table
         self.job_id = job_id
         self.fingerprint = fingerprint
-        self.max_output = max_output
-        self.events: list[bytes] = []
-        self.buffered = 0
-        self.sizes = [0, 0]
-        self.truncated = False
+        self.tail_cap = max_output // 2
+        self.head_cap = max_output - self.tail_cap
+        self.log = EventLog(table.memory, table.spool_dir)
+        self.final: bytes | None = None
+        self.sizes = [0, 0]  # head bytes per stream
+        self.tails: list[TailRing | None] = [None, None]
+        self.dropped = [0, 0]  # bytes lost per stream: between head and tail, or a full disk
         self.timed_out = False
         self.cancelled = False
         self.done = False
@@ -95,9 +103,7 @@ class Job:
 
     # event buffer
 
-    def _append(self, line: bytes) -> None:
-        self.events.append(line)
-        self.buffered += len(line)
+    def _wake(self) -> None:
         if self._changed is not None:
             self._changed.set()
             self._changed = None
@@ -109,23 +115,41 @@ class Job:
 
     def drop_output(self) -> int:
         """Free a finished job's output, keeping its final event (marked truncated)."""
-        final = json.loads(self.events[-1])
+        assert self.final is not None
+        freed = self.log.size
+        self.log.close()
+        final = json.loads(self.final)
         final["truncated"] = True
-        line = json.dumps(final, separators=(",", ":")).encode() + b"\n"
-        freed = self.buffered - len(line)
-        self.events = [line]
-        self.buffered = len(line)
+        self.final = json.dumps(final, separators=(",", ":")).encode() + b"\n"
         return freed
 
+    def _output(self, index: int, data: bytes) -> None:
+        kind = b"o" if index == 0 else b"e"
+        if self.log.append(b'{"t":"%s","d":"%s"}\n' % (kind, base64.b64encode(data))):
+            self._wake()
+        else:
+            self.dropped[index] += len(data)
+
     def _emit(self, index: int, data: bytes) -> None:
-        room = self.max_output - self.sizes[index]
-        if len(data) > room:
-            self.truncated = True
-            data = data[: max(room, 0)]
-        if data:
-            self.sizes[index] += len(data)
-            kind = b"o" if index == 0 else b"e"
-            self._append(b'{"t":"%s","d":"%s"}\n' % (kind, base64.b64encode(data)))
+        room = max(self.head_cap - self.sizes[index], 0)
+        head, rest = data[:room], data[room:]
+        if head:
+            self.sizes[index] += len(head)
+            self._output(index, head)
+        if rest:
+            tail = self.tails[index]
+            if tail is None:
+                tail = self.tails[index] = TailRing(self.tail_cap, self.table.spool_dir)
+            tail.write(rest)
+
+    def _emit_tails(self) -> None:
+        for index, tail in enumerate(self.tails):
+            if tail is not None:
+                self.dropped[index] += tail.dropped
+                for chunk in tail.chunks(READ_CHUNK):
+                    self._output(index, chunk)
+                tail.close()
+        self.tails = [None, None]
 
     def _finish(
         self,
@@ -135,27 +159,31 @@ class Job:
         sig: int | None = None,
         error: str | None = None,
     ) -> None:
+        self._emit_tails()
         final = {
             "t": "x",
             "exit_code": exit_code,
             "signal": sig,
             "timed_out": self.timed_out,
             "cancelled": self.cancelled,
-            "truncated": self.truncated,
+            "truncated": any(self.dropped),
+            "dropped": self.dropped,
             "error": error,
             "duration": round(time.monotonic() - started, 6),
         }
-        self._append(json.dumps(final, separators=(",", ":")).encode() + b"\n")
+        self.final = json.dumps(final, separators=(",", ":")).encode() + b"\n"
         self.done = True
         self.finished_at = time.monotonic()
         self.pgid = None
+        self._wake()
         self.table.job_finished()
 
     # running
 
     def start(
         self,
-        argv: list[str],
+        command: str | list[str],
+        login_shell: bool,
         cwd: str,
         env: dict[str, str],
         timeout: float | None,
@@ -166,6 +194,9 @@ class Job:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         in_r, in_w = os.pipe() if stdin is not None else (None, None)
+        argv = build_argv(command, login_shell, err_w)
+        # An interactive login bash gets its stderr on err_w, and /dev/null until then.
+        quiet = login_shell and argv[1] == "--login"
         try:
             proc = subprocess.Popen(
                 argv,
@@ -173,8 +204,10 @@ class Job:
                 env=env,
                 stdin=in_r if in_r is not None else subprocess.DEVNULL,
                 stdout=out_w,
-                stderr=err_w,
+                stderr=subprocess.DEVNULL if quiet else err_w,
+                pass_fds=(err_w,) if quiet else (),
                 start_new_session=True,
+                preexec_fn=self.table.procs.preexec,
             )
         except OSError as exc:
             for fd in (out_r, err_r, in_w):
@@ -266,15 +299,15 @@ class Job:
             self._close_stream(index)
 
     def kill(self, reason: str) -> bool:
-        """SIGKILL the command's process group (timeout or cancel); False when already done."""
+        """SIGKILL everything the command started (timeout or cancel), ``setsid`` and
+        ``nohup`` descendants included; False when already done."""
         if self.done or self.pgid is None:
             return False
         if reason == "timeout":
             self.timed_out = True
         else:
             self.cancelled = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pgid, signal.SIGKILL)
+        kill_tree(self.pgid)
         return True
 
 

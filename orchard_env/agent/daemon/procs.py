@@ -1,12 +1,15 @@
 """The processes the agent starts: their argv and environment, spawn failures as shell-like
-exit codes, and the children it watches (reaped on SIGCHLD) and exposes to the OOM killer."""
+exit codes, the children it watches (reaped on SIGCHLD) and exposes to the OOM killer, and
+how a command's whole tree is killed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
+from collections.abc import Callable
 from typing import Any
 
 from .http import log
@@ -26,6 +29,7 @@ class Processes:
         self.tasks: set[asyncio.Task[None]] = set()
         self.pty_groups: set[int] = set()
         self.child_oom_score_adj = min(1000, read_oom_score_adj() + OOM_SCORE_BOOST)
+        self.preexec = subreaper_hook()
 
     def expose_to_oom_killer(self, pid: int) -> None:
         """Make a command a likelier OOM victim than the agent (raising needs no privilege):
@@ -57,6 +61,69 @@ class Processes:
             log(f"background task failed: {task.exception()!r}")
 
 
+PR_SET_CHILD_SUBREAPER = 36
+KILL_ROUNDS = 100  # scans of a tree being killed, while what it forks keeps appearing
+
+
+def subreaper_hook() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes a command's first process a child subreaper, so whatever
+    it starts stays in its tree even when the middle of the tree exits (``setsid``,
+    ``nohup``, double forks): orphans are re-parented to it, not to PID 1, and
+    :func:`kill_tree` finds them. The setting survives ``execve``. None without ``ctypes``."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+
+    def become_subreaper() -> None:
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+    return become_subreaper
+
+
+def descendants(root: int) -> list[int]:
+    """The live processes whose parent chain leads to ``root`` (not ``root`` itself)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as source:
+                fields = source.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found: list[int] = []
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILL everything ``root`` started, then ``root``, then its process group: while
+    ``root`` lives, it is the subreaper that keeps orphans of its tree in the tree, so it goes
+    last. Scans again until nothing is left (what is forked meanwhile is found in the next
+    round). ``root`` is stopped first, so it neither exits nor reacts while its tree goes."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(root, signal.SIGSTOP)
+    for _ in range(KILL_ROUNDS):
+        found = descendants(root)
+        if not found:
+            break
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(root, signal.SIGKILL)
+    signal_group(root, signal.SIGKILL)  # its group, should any member have left the tree
+
+
 def signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
@@ -78,17 +145,31 @@ def spawn_failure(exc: OSError, program: str, cwd: str) -> dict[str, Any]:
     return {"exit_code": 126, "error": f"cannot run {program}: {exc.strerror or exc}"}
 
 
-def build_argv(command: str | list[str], login_shell: bool) -> list[str]:
+SOURCE_BASHRC = "if [ -f ~/.bashrc ]; then . ~/.bashrc; fi\n"
+
+
+def build_argv(
+    command: str | list[str], login_shell: bool, stderr_fd: int | None = None
+) -> list[str]:
     """A string runs through bash (``/bin/sh`` where the image has no bash), as upstream's
-    agent did, so ``source`` and ``[[`` work; a list is an argv; a login shell wraps either."""
+    agent did, so ``source`` and ``[[`` work; a list is an argv.
+
+    A login shell is upstream's: an interactive login bash (profile scripts) that sources
+    ``~/.bashrc`` explicitly, so a ``.bashrc`` guarded against non-interactive shells
+    (``[ -z "$PS1" ] && return``, where images activate conda) still runs. Without a terminal
+    an interactive bash complains about job control on its stderr; given ``stderr_fd`` (the
+    command's real stderr, while fd 2 is /dev/null) the script moves stderr there first, so
+    that noise never reaches the output. Without bash it is ``sh -l -c``.
+    """
     shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
-    if login_shell:
-        if isinstance(command, str):
-            return [shell, "-l", "-c", command]
-        return [shell, "-l", "-c", 'exec "$@"', shell, *command]
-    if isinstance(command, str):
-        return [shell, "-c", command]
-    return list(command)
+    if not login_shell:
+        return [shell, "-c", command] if isinstance(command, str) else list(command)
+    script = command if isinstance(command, str) else 'exec "$@"'
+    args = [] if isinstance(command, str) else [shell, *command]
+    if shell != "/bin/bash":
+        return [shell, "-l", "-c", script, *args]
+    restore = "" if stderr_fd is None else f"exec 2>&{stderr_fd} {stderr_fd}>&-\n"
+    return [shell, "--login", "-i", "-c", restore + SOURCE_BASHRC + script, *args]
 
 
 def command_env(environ: dict[str, str], prefix: str) -> dict[str, str]:

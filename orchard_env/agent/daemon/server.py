@@ -1,11 +1,11 @@
-"""The agent's routes, its bearer-token check, and its entry point (``main``)."""
+"""The agent's routes, its enrollment and request authentication (see :mod:`.proof`), and
+its entry point (``main``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
-import hmac
 import json
 import os
 import signal
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import files
+from . import files, proof
 from .http import (
     MAX_HEADER_BYTES,
     HTTPError,
@@ -26,18 +26,20 @@ from .http import (
     string_map,
 )
 from .jobs import DEFAULT_MAX_OUTPUT, Job, JobTable
-from .procs import Processes, build_argv, command_env, initial_environ, signal_group
+from .procs import Processes, command_env, initial_environ, signal_group
 from .pty import serve_pty
 
 AGENT_VERSION = "0.1.0"
+MAX_ENROLL_BODY = 1024 * 1024
+STREAM_CHUNK = 256 * 1024  # bytes of a job's event log sent per write
 DEFAULT_WORKDIR = "/workspace"
 
 
 class Agent:
     """Routes, jobs and PTY sessions of one agent process."""
 
-    def __init__(self, token: str | None, workdir: str) -> None:
-        self.token = token.encode() if token else None
+    def __init__(self, workdir: str) -> None:
+        self.key: bytes | None = None  # the sandbox's key, from the orchestrator's enrollment
         self.workdir = workdir
         self.base_env = command_env(initial_environ(), sys.prefix)
         self.umask = os.umask(0o022)
@@ -97,7 +99,13 @@ class Agent:
     async def route(self, req: Request) -> None:
         method, path = req.method, req.path
         if path == "/health" and method == "GET":
-            await req.send_json(200, {"status": "ok", "pid": os.getpid(), "version": AGENT_VERSION})
+            if "authorization" in req.headers:  # a proven answer: the orchestrator's probe
+                self.check_auth(req)
+            status = {"status": "ok", "pid": os.getpid(), "version": AGENT_VERSION}
+            await req.send_json(200, {**status, "enrolled": self.key is not None})
+            return
+        if path == "/enroll" and method == "POST":
+            await self.enroll(req)
             return
         self.check_auth(req)
         routes: dict[tuple[str, str], Callable[[Request], Any]] = {
@@ -126,24 +134,54 @@ class Agent:
             raise HTTPError(405, "invalid_request", f"{method} is not allowed on {path}")
         raise HTTPError(404, "not_found", f"no route {method} {path}")
 
-    def check_auth(self, req: Request) -> None:
-        if self.token is None:
-            return
-        header = req.headers.get("authorization", "")
-        if not header:
+    def check_auth(self, req: Request, key: bytes | None = None) -> None:
+        """Accept only a request MAC'd with the sandbox's key (``key``: the one being enrolled);
+        from then on every answer to it is proven with the same key and nonce."""
+        key = key or self.key
+        if key is None:
+            raise HTTPError(401, "unauthenticated", "the agent is not enrolled yet")
+        scheme, _, given = req.headers.get("authorization", "").partition(" ")
+        nonce = req.headers.get(proof.NONCE_HEADER.lower(), "")
+        body = req.headers.get(proof.BODY_HEADER.lower(), "")
+        if scheme != proof.SCHEME or not nonce or not body:
             raise HTTPError(
-                401, "unauthenticated", "missing 'Authorization: Bearer <token>' header"
+                401, "unauthenticated", f"missing 'Authorization: {proof.SCHEME} <mac>' and nonce"
             )
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), self.token
-        ):
-            raise HTTPError(401, "unauthenticated", "invalid agent token")
+        expected = proof.request_mac(key, nonce, req.method, req.target, body)
+        if not proof.same(given.strip(), expected):
+            raise HTTPError(401, "unauthenticated", "invalid request MAC")
+        req.key, req.nonce, req.body_digest = key, nonce, body
+        if not req.has_body:
+            req.check_body(proof.digest(b""))
+
+    async def enroll(self, req: Request) -> None:
+        """Take the sandbox's key and environment, once: the orchestrator's first request."""
+        if self.key is not None:
+            self.check_auth(req)  # 401 unless it is the key the agent holds
+            raise HTTPError(409, "conflict", "the agent is enrolled already")
+        raw = await req.read_body(MAX_ENROLL_BODY)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise invalid("the enrollment must be a JSON object {key, env}")
+        key, env = body.get("key"), string_map(body.get("env"), "env")
+        if not isinstance(key, str) or not key:
+            raise invalid("key must be a non-empty string")
+        self.check_auth(req, key.encode())
+        req.check_body(proof.digest(raw))
+        self.key = key.encode()
+        self.base_env = {**self.base_env, **env}
+        log("enrolled")
+        await req.send_json(200, {"enrolled": True})
 
     def resolve(self, raw: str) -> str:
         if "\0" in raw:
             raise invalid("path contains a NUL byte")
-        return os.path.normpath(os.path.join(self.workdir, raw))
+        # normpath keeps a leading "//" (POSIX leaves its meaning open); "//" is "/" here.
+        path = os.path.normpath(os.path.join(self.workdir, raw))
+        return "/" + path.lstrip("/") if path.startswith("//") else path
 
     def path_arg(self, req: Request) -> str:
         return self.resolve(req.arg("path"))
@@ -190,23 +228,23 @@ class Agent:
         stdin = body.get("stdin")
         data = None if stdin is None else decode_b64(stdin, "stdin")
         job = self.jobs.add(job_id, fingerprint, max_output)
-        argv = build_argv(command, bool(body.get("login_shell")))
-        job.start(argv, cwd, env, float(timeout) if timeout else None, data)
+        login = bool(body.get("login_shell"))
+        job.start(command, login, cwd, env, float(timeout) if timeout else None, data)
         await self.stream_job(req, job)
 
     async def stream_job(self, req: Request, job: Job) -> None:
         """Replay the job's events from the start, follow live output, end with ``x``."""
         await req.discard_body()
         req.start_chunked("application/x-ndjson")
-        events = job.events
         sent = 0
         while True:
-            if sent < len(events):
-                end = len(events)
-                req.write_chunk(b"".join(events[sent:end]))
-                sent = end
+            chunk = job.log.read(sent, STREAM_CHUNK)
+            if chunk:
+                req.write_chunk(chunk)
+                sent += len(chunk)
                 await req.writer.drain()
-            elif job.done:
+            elif job.final is not None:
+                req.write_chunk(job.final)
                 break
             else:
                 await job.changed()
@@ -228,9 +266,27 @@ def parse_listen(value: str) -> tuple[str, str, int]:
     raise ValueError(f"--listen {value!r} must be unix:/abs/path.sock or tcp:HOST:PORT")
 
 
-async def serve(listen: tuple[str, str, int], token: str | None, workdir: str) -> None:
+def become_undumpable() -> bool:
+    """Make this process non-dumpable, so that nothing in the sandbox without CAP_SYS_PTRACE
+    (root included) can ptrace it or read its memory, environ or fds through /proc.
+
+    The kernel clears the dumpable flag (to ``fs.suid_dumpable``, 0 or 2: neither lets a
+    process without CAP_SYS_PTRACE in) whenever the effective gid changes, so changing it and
+    back does what ``prctl(PR_SET_DUMPABLE, 0)`` would, without ctypes. It needs CAP_SETGID
+    (an agent running as root); False where it cannot.
+    """
+    gid = os.getegid()
+    try:
+        os.setegid(gid + 1 if gid < 65534 else gid - 1)
+        os.setegid(gid)
+    except OSError:
+        return False
+    return True
+
+
+async def serve(listen: tuple[str, str, int], workdir: str) -> None:
     loop = asyncio.get_running_loop()
-    agent = Agent(token, workdir)
+    agent = Agent(workdir)
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGCHLD, agent.procs.reap)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -245,7 +301,8 @@ async def serve(listen: tuple[str, str, int], token: str | None, workdir: str) -
         server = await asyncio.start_unix_server(
             agent.handle, address, limit=MAX_HEADER_BYTES, backlog=1024
         )
-        # Reach is governed by the directory the socket lives in, and every call needs the token.
+        # Anyone in the sandbox may connect: every request needs the key's MAC, and every
+        # answer proves the agent holds it.
         os.chmod(address, 0o666)  # noqa: S103
     else:
         server = await asyncio.start_server(
@@ -265,18 +322,13 @@ async def serve(listen: tuple[str, str, int], token: str | None, workdir: str) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="orchard-agent", description="Orchard sandbox agent")
     parser.add_argument("--listen", required=True, help="unix:/path/agent.sock or tcp:HOST:PORT")
-    parser.add_argument(
-        "--no-auth", action="store_true", help="accept requests without a token (tests only)"
-    )
     args = parser.parse_args(argv)
     try:
         listen = parse_listen(args.listen)
     except ValueError as exc:
         parser.error(str(exc))
-    token = os.environ.get("ORCHARD_AGENT_TOKEN") or None
-    if token is None and not args.no_auth:
-        parser.error("ORCHARD_AGENT_TOKEN is not set (--no-auth runs without auth, for tests)")
     workdir = os.environ.get("ORCHARD_AGENT_WORKDIR") or DEFAULT_WORKDIR
-
-    asyncio.run(serve(listen, None if args.no_auth else token, workdir))
+    if not become_undumpable():
+        log("cannot make itself non-dumpable (not root): commands of the same user may trace it")
+    asyncio.run(serve(listen, workdir))
     return 0

@@ -8,6 +8,7 @@ import json
 import struct
 from typing import Any
 
+from . import proof
 from .http import Request, invalid
 
 WS_MAX_MESSAGE = 16 * 1024 * 1024
@@ -33,6 +34,7 @@ def accept(req: Request) -> WebSocket:
                 ("Connection", "Upgrade"),
                 ("Sec-WebSocket-Accept", base64.b64encode(digest).decode()),
             ],
+            proof.UPGRADE,
         )
     )
     return WebSocket(req.reader, req.writer)

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchard_env.errors import InvalidRequest, NotFound, OrchardError, Unavailable
 from orchard_env.orchestrator.logs import request_id_var
-from orchard_env.protocol import ErrorBody
+from orchard_env.protocol import ErrorBody, validation_message
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +37,6 @@ def error_response(error: OrchardError) -> JSONResponse:
     return JSONResponse(error.to_wire(), status_code=error.http_status, headers=headers)
 
 
-def validation_message(errors: list[Any]) -> str:
-    parts = []
-    for error in errors:
-        loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path", "header")]
-        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
-        if error.get("type") == "json_invalid":
-            parts.append(f"the request body is not valid JSON: {message}")
-        else:
-            parts.append(f"{'.'.join(loc)}: {message}" if loc else message)
-    return "; ".join(parts) or "invalid request"
-
-
 async def _orchard_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, OrchardError)
     return error_response(exc)
@@ -59,9 +47,20 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(InvalidRequest(validation_message(list(exc.errors()))))
 
 
+class ErrorAsHTTP(HTTPException):
+    """An :class:`OrchardError` raised where FastAPI lets only HTTP exceptions through (while
+    it reads a request body); answered as the error itself."""
+
+    def __init__(self, error: OrchardError) -> None:
+        super().__init__(error.http_status, error.message)
+        self.error = error
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     error: OrchardError
+    if isinstance(exc, ErrorAsHTTP):
+        return error_response(exc.error)
     if exc.status_code == 404:
         error = NotFound(f"no route {request.method} {request.url.path}")
     elif exc.status_code == 405:

@@ -24,4 +24,4 @@ async def health(orchard: OrchardDep) -> Health:
 
 @router.get("/resources")
 async def resources(orchard: OrchardDep, caller: CallerDep) -> ResourcesReport:
-    return await resources_report(orchard.store, orchard.backend)
+    return await resources_report(orchard.store, orchard.backend, orchard.settings, caller)

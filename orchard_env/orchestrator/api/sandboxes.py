@@ -58,8 +58,12 @@ async def list_sandboxes(
 
 
 @router.get("/sandboxes/{sandbox_id}")
-async def get_sandbox(sandbox_id: str, orchard: OrchardDep, caller: CallerDep) -> SandboxInfo:
-    return await orchard.sandboxes.get(sandbox_id, caller)
+async def get_sandbox(
+    sandbox_id: str, orchard: OrchardDep, caller: CallerDep, include_deleted: bool = False
+) -> SandboxInfo:
+    """A deleted sandbox is 404 (as upstream), with why in the message; ``include_deleted``
+    shows its record instead."""
+    return await orchard.sandboxes.get(sandbox_id, caller, include_deleted=include_deleted)
 
 
 @router.get("/sandboxes/{sandbox_id}/wait")

@@ -13,6 +13,22 @@ from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from orchard_env.errors import SnapshotNotFound
+from orchard_env.protocol import NodeResources, SandboxPod
+
+SANDBOX_CAPABILITIES = (
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SETFCAP",
+    "NET_BIND_SERVICE",
+)
+"""The only Linux capabilities a sandbox's root has (every backend drops all others): what
+package installs and test suites use (file ownership and modes, su/setpriv to another user,
+signals, low ports). Not kept: SETPCAP, SYS_CHROOT, MKNOD, NET_RAW, AUDIT_WRITE."""
 
 
 class Capability(StrEnum):
@@ -55,11 +71,16 @@ class SandboxSpec:
     block_network: bool
     workdir: str
     agent_token: str
+    # What the sandbox may write (None: the backend's default). A backend that cannot enforce
+    # it raises InvalidRequest saying so, never ignores it.
+    disk_bytes: int | None = None
     owner: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # the user's labels
     pids_limit: int = 4096
     ttl_seconds: int | None = None  # lifetime cap; the orchestrator's reaper enforces it
+    # How long the whole start may take, an image pull included (None: the service's default).
+    ready_timeout_seconds: int | None = None
     # Serialised orchestrator record kept on the container/pod so a restart with lost
     # state can adopt it without guessing (see reconciliation).
     record_annotation: str | None = None
@@ -87,6 +108,16 @@ class SnapshotImage:
 
     ref: str  # what SandboxSpec.image names to restore it
     size_bytes: int  # what it adds on top of the image the sandbox ran (its own layer)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a backend's substrate offers, for ``GET /resources``."""
+
+    nodes: list[NodeResources]  # the machines sandboxes can run on
+    # Every live pod in the sandbox namespace with its requests, where the backend sees them
+    # (Kubernetes); None where the orchestrator's records are the only view (local engine).
+    pods: list[SandboxPod] | None = None
 
 
 def not_your_snapshot(image: str) -> SnapshotNotFound:
@@ -126,6 +157,8 @@ class Backend(Protocol):
       :class:`~orchard_env.errors.NotSupported`) commits a running sandbox's filesystem,
       without the agent's mounts, to an image; running processes are not part of it. A
       restore is a ``create`` whose ``SandboxSpec.image`` is the snapshot's ``ref``.
+    * ``capacity`` reports the nodes sandboxes can run on (capacity and allocatable) and,
+      where the substrate knows them, the requests of the pods there.
     * ``is_snapshot_image`` says whether an image name is under the repository where this
       backend's snapshots live, this deployment's or another's (a name check only, so it
       says nothing about whether the image exists).
@@ -151,6 +184,7 @@ class Backend(Protocol):
 
     async def delete_snapshot(self, ref: str) -> bool: ...
 
+    async def capacity(self) -> Capacity: ...
     def is_snapshot_image(self, image: str) -> bool: ...
 
     async def close(self) -> None: ...

@@ -14,6 +14,12 @@ inspect) once the image has been seen here. Per sandbox it makes:
 * a host directory ``<sandboxes_dir>/<sandbox_id>/`` mounted at ``/run/orchard``, where the
   agent listens on a unix socket: reachable from the host even with no network at all.
 
+The sandbox's agent key is a label of the container (the engine's metadata, which nothing in
+the container can read), never its environment: the orchestrator hands it to the agent,
+with the sandbox's environment, when it enrolls the agent (see :mod:`orchard_env.agent`).
+So the container's environment is the image's plus the agent's launcher variables only:
+nothing the sandbox sets (``LD_PRELOAD``...) applies to the agent itself.
+
 A snapshot is the container committed (paused for the moment it takes) to an image
 ``localhost/orchard/snapshots/<instance>:<snapshot id>`` labelled with its snapshot id and
 instance: its writable layer over the image it runs, so
@@ -61,16 +67,18 @@ from orchard_env.agent.bundle import (
 )
 from orchard_env.config import ServiceSettings, state_id
 from orchard_env.orchestrator.backends.base import (
+    SANDBOX_CAPABILITIES,
     AgentEndpoint,
     BackendSandbox,
     Capability,
+    Capacity,
     SandboxSpec,
     SandboxState,
     SnapshotImage,
     image_repository,
     not_your_snapshot,
 )
-from orchard_env.protocol import check_sandbox_id
+from orchard_env.protocol import NodeResources, ResourceAmounts, check_sandbox_id
 
 LABEL_CREATED_BY = "orchard.created-by"
 LABEL_INSTANCE = "orchard.instance"
@@ -78,13 +86,13 @@ LABEL_STATE_ID = "orchard.state-id"
 LABEL_SANDBOX_ID = "orchard.sandbox-id"
 LABEL_OWNER = "orchard.owner"
 LABEL_RECORD = "orchard.record"
+LABEL_AGENT_KEY = "orchard.agent-key"
 USER_LABEL_PREFIX = "orchard.label."
 LABEL_SNAPSHOT_ID = "orchard.snapshot-id"
 LABEL_SNAPSHOT_PARENT = "orchard.snapshot-parent"
 LABEL_SOURCE_SANDBOX = "orchard.source-sandbox"
 SNAPSHOT_REPOSITORY = "localhost/orchard/snapshots"
 """Where every deployment's snapshot images live, one repository per instance below it."""
-TOKEN_ENV = "ORCHARD_AGENT_TOKEN"  # noqa: S105 - the variable's name, not a secret
 WORKDIR_ENV = "ORCHARD_AGENT_WORKDIR"
 
 # Spoken by Docker 20.10+ and Podman 4+; pinned because negotiating it (GET /version) costs
@@ -212,7 +220,7 @@ class DockerEngineBackend:
         pull_stall_timeout: float = 10.0,
     ) -> None:
         """``pull_stall_timeout``: a pull that reports no progress for this long fails
-        (whole pulls are capped by ``settings.ready_timeout_seconds``)."""
+        (a whole pull is capped by the sandbox's ready timeout)."""
         if not _INSTANCE_RE.match(settings.instance):
             raise errors.ConfigError(
                 f"instance {settings.instance!r} cannot be part of a container name",
@@ -243,6 +251,8 @@ class DockerEngineBackend:
         # skips the lookup. Snapshot images are checked against their snapshot every time.
         self._images_seen: set[str] = set()
         self._host_memory: int | None = None
+        self._disk_refusal: str | None = None
+        self._disk_checked = False
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -311,12 +321,10 @@ class DockerEngineBackend:
             reason = _exit_reason(engine_state, exit_code)
         elif state is SandboxState.FAILED:
             reason = f"the engine reports the container as {status or 'unknown'}"
-        env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
         agent = None
-        if state in (SandboxState.CREATING, SandboxState.RUNNING) and TOKEN_ENV in env:
-            agent = AgentEndpoint(
-                token=env[TOKEN_ENV], uds=str(self._run_dir(sandbox_id) / SOCKET_NAME)
-            )
+        key = labels.get(LABEL_AGENT_KEY)
+        if state in (SandboxState.CREATING, SandboxState.RUNNING) and key:
+            agent = AgentEndpoint(token=key, uds=str(self._run_dir(sandbox_id) / SOCKET_NAME))
         return BackendSandbox(
             sandbox_id=sandbox_id,
             state=state,
@@ -329,7 +337,9 @@ class DockerEngineBackend:
 
     # -- images ---------------------------------------------------------------------------
 
-    def _ensure_image(self, image: str, snapshot_id: str | None) -> None:
+    def _ensure_image(
+        self, image: str, snapshot_id: str | None, timeout: int | None = None
+    ) -> None:
         try:
             found = self._client.images.get(image)
         except docker.errors.ImageNotFound:
@@ -338,7 +348,7 @@ class DockerEngineBackend:
                     f"snapshot image {image!r} is no longer on this machine's engine",
                     hint="it was removed outside Orchard; take a new snapshot",
                 ) from None
-            reason = self._pull(image)
+            reason = self._pull(image, timeout or self._settings.ready_timeout_seconds)
             if reason is not None:
                 raise errors.ImageNotFound(
                     f"image {image!r} is not on this machine's engine and could not be "
@@ -355,9 +365,9 @@ class DockerEngineBackend:
         ):
             raise not_your_snapshot(image)
 
-    def _pull(self, image: str) -> str | None:
+    def _pull(self, image: str, timeout: int) -> str | None:
         """Pull ``image``; None on success, else the engine's reason. Fails fast: no progress
-        for ``pull_stall_timeout`` seconds, or a pull longer than the ready timeout."""
+        for ``pull_stall_timeout`` seconds, or a pull longer than ``timeout`` seconds."""
         # The SDK's own pull waits forever (timeout=None); this is the same request, bounded.
         api = self._client.api
         repository, tag = docker.utils.parse_repository_tag(image)
@@ -368,7 +378,7 @@ class DockerEngineBackend:
             headers["X-Registry-Auth"] = auth_header
         url = f"{api.base_url}/v{api.api_version}/images/create"
         params = {"fromImage": repository, "tag": tag or "latest"}
-        deadline = time.monotonic() + self._settings.ready_timeout_seconds
+        deadline = time.monotonic() + timeout
         try:
             with api.post(
                 url, params=params, headers=headers, stream=True, timeout=self._pull_stall_timeout
@@ -381,7 +391,9 @@ class DockerEngineBackend:
                         if isinstance(message, dict) and message.get("error"):
                             return str(message["error"])
                     if time.monotonic() > deadline:
-                        return f"the pull took longer than {self._settings.ready_timeout_seconds}s"
+                        return (
+                            f"the pull took longer than the sandbox's ready timeout ({timeout} s)"
+                        )
         except requests.exceptions.RequestException as exc:
             cause = exc.args[0] if exc.args else None
             if isinstance(exc, requests.exceptions.Timeout) or isinstance(
@@ -397,6 +409,37 @@ class DockerEngineBackend:
         except docker.errors.ImageNotFound:
             return "the pull finished but the engine does not list the image"
         return None
+
+    # -- disk -------------------------------------------------------------------------------
+
+    def _disk_limit_refusal(self) -> str | None:
+        """None if the engine's storage can cap a container's writable layer (``--storage-opt
+        size``: overlay on xfs mounted with pquota, btrfs, zfs), else what it runs on."""
+        if not self._disk_checked:
+            info = self._client.info()
+            driver = str(info.get("Driver") or "unknown")
+            status = {str(item[0]): str(item[1]) for item in info.get("DriverStatus") or []}
+            backing = status.get("Backing Filesystem", "an unknown file system")
+            capable = driver in ("btrfs", "zfs") or (
+                driver.startswith("overlay") and backing == "xfs"
+            )
+            self._disk_refusal = None if capable else f"storage driver {driver} on {backing}"
+            self._disk_checked = True
+        return self._disk_refusal
+
+    def _storage_options(self, spec: SandboxSpec) -> dict[str, str] | None:
+        if spec.disk_bytes is None:
+            return None
+        refusal = self._disk_limit_refusal()
+        if refusal is not None:
+            raise errors.InvalidRequest(
+                f"disk cannot be limited on this engine: its {refusal} cannot cap a "
+                "container's disk, and Orchard refuses a limit it cannot enforce",
+                hint="leave disk out (sandboxes here are not disk-limited), or give the engine "
+                "storage that can (overlay on xfs mounted with pquota, or btrfs): see "
+                "docs/deployment.md",
+            )
+        return {"size": str(spec.disk_bytes)}
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -427,9 +470,10 @@ class DockerEngineBackend:
                 f"({self._host_memory / 2**30:.1f}Gi)",
                 hint="ask for less memory",
             )
+        storage_options = self._storage_options(spec)
         plain = spec.snapshot_id is None and not self.is_snapshot_image(spec.image)
         if not (plain and spec.image in self._images_seen):
-            self._ensure_image(spec.image, spec.snapshot_id)
+            self._ensure_image(spec.image, spec.snapshot_id, spec.ready_timeout_seconds)
         # A directory already there may be a live sandbox's (its socket must stay): only then
         # is it worth asking the engine first; otherwise the create itself refuses a taken name.
         if run_dir.exists() and self._get(name) is not None:
@@ -443,11 +487,11 @@ class DockerEngineBackend:
         (run_dir / SOCKET_NAME).unlink(missing_ok=True)
         try:
             try:
-                container_id = self._create_container(spec, name, run_dir)
+                container_id = self._create_container(spec, name, run_dir, storage_options)
             except docker.errors.NotFound:  # its image went away since it was last seen here
                 self._images_seen.discard(spec.image)
-                self._ensure_image(spec.image, spec.snapshot_id)
-                container_id = self._create_container(spec, name, run_dir)
+                self._ensure_image(spec.image, spec.snapshot_id, spec.ready_timeout_seconds)
+                container_id = self._create_container(spec, name, run_dir, storage_options)
         except docker.errors.APIError as exc:
             if _name_in_use(exc):  # a concurrent create of the same id won
                 raise self._exists(spec.sandbox_id) from exc
@@ -466,6 +510,13 @@ class DockerEngineBackend:
             self._client.api.start(container_id)
         except docker.errors.APIError as exc:
             self._delete(spec.sandbox_id)
+            if "is not a directory" in _explanation(exc):
+                raise errors.InvalidRequest(
+                    f"workdir {spec.workdir!r} is not a directory in image {spec.image!r}, so "
+                    f"no sandbox can start there: {_explanation(exc)}",
+                    hint="pick another workdir; a snapshot whose workdir was replaced by a file "
+                    "cannot be restored: make it a directory again and snapshot anew",
+                ) from exc
             raise errors.OrchardError(
                 f"the engine could not start sandbox {spec.sandbox_id!r}: {_explanation(exc)}"
             ) from exc
@@ -480,31 +531,35 @@ class DockerEngineBackend:
             hint="delete it first, or create the new one with another sandbox_id",
         )
 
-    def _create_container(self, spec: SandboxSpec, name: str, run_dir: Path) -> str:
+    def _create_container(
+        self,
+        spec: SandboxSpec,
+        name: str,
+        run_dir: Path,
+        storage_options: dict[str, str] | None,
+    ) -> str:
         """The container (not started), in one round trip; its id."""
         labels = {
             LABEL_CREATED_BY: "orchard",
             LABEL_INSTANCE: self._settings.instance,
             LABEL_STATE_ID: self._state_id,
             LABEL_SANDBOX_ID: spec.sandbox_id,
+            LABEL_AGENT_KEY: spec.agent_token,
             **{USER_LABEL_PREFIX + key: value for key, value in spec.labels.items()},
         }
         if spec.owner is not None:
             labels[LABEL_OWNER] = spec.owner
         if spec.record_annotation is not None:
             labels[LABEL_RECORD] = spec.record_annotation
-        env = {
-            **spec.env,
-            **launch_env(BUNDLE_MOUNT),
-            TOKEN_ENV: spec.agent_token,
-            WORKDIR_ENV: spec.workdir,
-        }
+        # spec.env reaches the commands through the agent's enrollment, not the agent.
+        env = {**launch_env(BUNDLE_MOUNT), WORKDIR_ENV: spec.workdir}
         api = self._client.api
         host_config = api.create_host_config(
             nano_cpus=round(spec.cpu * 1e9),
             mem_limit=spec.memory_bytes,
             memswap_limit=spec.memory_bytes,  # equal: no swap
             pids_limit=spec.pids_limit,
+            storage_opt=storage_options,
             network_mode="none" if spec.block_network else None,
             mounts=[
                 docker.types.Mount(RUN_DIR_MOUNT, str(run_dir), type="bind"),
@@ -512,6 +567,11 @@ class DockerEngineBackend:
                     BUNDLE_MOUNT, str(self._bundle_dir), type="bind", read_only=True
                 ),
             ],
+            # No privilege gained through setuid binaries or file capabilities, and only the
+            # capabilities images need.
+            security_opt=["no-new-privileges"],
+            cap_drop=["ALL"],
+            cap_add=list(SANDBOX_CAPABILITIES),
             # The engine's tiny init (catatonit, tini) is PID 1 and reaps orphans, so the
             # agent does not have to stay behind as a second Python process.
             init=True,
@@ -579,7 +639,7 @@ class DockerEngineBackend:
             f"LABEL {LABEL_SOURCE_SANDBOX}={sandbox_id}",
             f"LABEL {LABEL_INSTANCE}={self._settings.instance}",
             f"LABEL {LABEL_RECORD}=",  # the source's record (its env) stays with the source
-            f"ENV {TOKEN_ENV}=",  # so does its agent's secret
+            f"LABEL {LABEL_AGENT_KEY}=",  # so does its agent's key
             # The image's own entrypoint and command, not the agent launcher's.
             f"ENTRYPOINT {json.dumps(base_config.get('Entrypoint') or [])}",
             f"CMD {json.dumps(base_config.get('Cmd') or [])}",
@@ -644,6 +704,18 @@ class DockerEngineBackend:
 
     async def delete_snapshot(self, ref: str) -> bool:
         return await self._call(self._lifecycle, self._delete_snapshot, ref)
+
+    def _capacity(self) -> Capacity:
+        """The engine's machine, as the engine reports it (it may be remote: DOCKER_HOST)."""
+        info: dict[str, Any] = self._client.info()
+        amounts = ResourceAmounts(
+            cpu=float(info.get("NCPU") or 1), memory_bytes=int(info.get("MemTotal") or 0)
+        )
+        name = str(info.get("Name") or "engine")
+        return Capacity(nodes=[NodeResources(name=name, capacity=amounts, allocatable=amounts)])
+
+    async def capacity(self) -> Capacity:
+        return await self._call(self._queries, self._capacity)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._lifecycle.shutdown, True)

@@ -14,14 +14,36 @@ from uuid import uuid4
 import pytest
 
 from orchard_env.config import ServiceSettings
-from orchard_env.orchestrator.backends.base import SandboxSpec
+from orchard_env.orchestrator.backends.base import SANDBOX_CAPABILITIES, SandboxSpec
 from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend
 from tests.orchestrator.backends.kube_fake import FakeKubeApi, FakeKubelet, fake_cluster
 from tests.orchestrator.conftest import make_settings
 
 AGENT_IMAGE = "registry.example/orchard/agent-injector:0.1.0"
+CAPABILITY_BITS = {
+    "CHOWN": 0,
+    "DAC_OVERRIDE": 1,
+    "FOWNER": 3,
+    "FSETID": 4,
+    "KILL": 5,
+    "SETGID": 6,
+    "SETUID": 7,
+    "NET_BIND_SERVICE": 10,
+    "SETFCAP": 31,
+}  # from linux/capability.h
 NAMESPACE = "orchard-sandboxes"
 MiB = 1024 * 1024
+
+
+def sandbox_status(status: str) -> tuple[int, str]:
+    """(bounding capability set, NoNewPrivs) from a sandbox process's /proc/self/status,
+    checked against the capabilities a sandbox should have."""
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    return int(fields["CapBnd"], 16), fields["NoNewPrivs"].strip()
+
+
+def sandbox_capability_mask() -> int:
+    return sum(1 << CAPABILITY_BITS[name] for name in SANDBOX_CAPABILITIES)
 
 
 @dataclass

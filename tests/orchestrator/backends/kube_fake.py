@@ -3,6 +3,8 @@
 :class:`FakeKubeApi` serves the part of the Kubernetes REST API the backend uses, on
 127.0.0.1, to the real ``kubernetes`` client (through a kubeconfig it writes):
 
+* nodes (``GET /api/v1/nodes``, label selectors; tests set :attr:`FakeKubeApi.nodes`), under
+  the ClusterRole of that rbac.yaml;
 * pods, secrets (``/api/v1``) and networkpolicies (``/apis/networking.k8s.io/v1``) in its
   namespaces: create, get, list (``labelSelector``), delete (``preconditions.uid``), and for
   pods watch streams (chunked JSON lines) from a ``resourceVersion``, with bookmarks when the
@@ -20,8 +22,7 @@ for any resourceVersion seen so far) and :meth:`FakeKubeApi.drop_watches` (conne
 
 :class:`FakeKubelet` plays the scheduler and the kubelet: it schedules each new pod (or
 reports it Unschedulable when it asks for more CPU than the node has), "pulls" its images
-(:data:`MISSING_IMAGE` fails like a registry without it), resolves the token Secret the way a
-kubelet does (CreateContainerConfigError until it exists), and runs the real agent
+(:data:`MISSING_IMAGE` fails like a registry without it), and runs the real agent
 (``orchard_env.agent.daemon``) as a host process listening on the pod's IP — a distinct
 loopback address per pod — and the agent port, so what the backend reports as the agent
 endpoint really answers.
@@ -29,7 +30,6 @@ endpoint really answers.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import copy
 import json
@@ -86,16 +86,26 @@ _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 Obj = dict[str, Any]
 
 
-def role_rules(path: Path = RBAC_FILE) -> dict[str, set[str]]:
+def role_rules(path: Path = RBAC_FILE, kind: str = "Role") -> dict[str, set[str]]:
     """resource -> verbs, from the Role `orchard deploy` installs (in the sandbox namespace by
-    default)."""
+    default), or from the ClusterRole beside it (``kind="ClusterRole"``)."""
     rules: dict[str, set[str]] = {}
     for document in yaml.safe_load_all(path.read_text()):
-        if document and document.get("kind") == "Role":
+        if document and document.get("kind") == kind:
             for rule in document["rules"]:
                 for resource in rule["resources"]:
                     rules.setdefault(resource, set()).update(rule["verbs"])
     return rules
+
+
+def node(name: str, labels: dict[str, str], capacity: Obj, allocatable: Obj) -> Obj:
+    """A Node object as the API server lists it (what a kubelet reports)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "uid": str(uuid.uuid4())},
+        "status": {"capacity": capacity, "allocatable": allocatable},
+    }
 
 
 def _now() -> str:
@@ -177,10 +187,13 @@ class FakeKubeApi:
     watch_gate: threading.Event = field(default_factory=threading.Event)
     # Namespace -> the rbac.yaml whose Role the orchestrator has there (default: RBAC_FILE's).
     namespace_rbac: dict[str, Path] = field(default_factory=dict)
+    # Cluster-scoped Nodes by name (``GET /api/v1/nodes``, under the ClusterRole's rules).
+    nodes: dict[str, Obj] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.watch_gate.set()
         self.rules = role_rules()
+        self.cluster_rules = role_rules(kind="ClusterRole")
         self.namespace_rules = {ns: role_rules(path) for ns, path in self.namespace_rbac.items()}
         self._objects: dict[tuple[str, str, str], Obj] = {}
         self._events: list[_Event] = []
@@ -418,9 +431,36 @@ class FakeKubeApi:
             raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found')
         return namespace, resource, name
 
+    def _nodes(self, method: str, query: dict[str, str], headers: Any) -> tuple[int, Obj]:
+        if headers.get("Authorization") != f"Bearer {TOKEN}":
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        if method != "GET" or "list" not in self.cluster_rules.get("nodes", set()):
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'nodes is forbidden: User "{USER}" cannot {method.lower()} resource "nodes" '
+                'in API group "" at the cluster scope',
+            )
+        selector = query.get("labelSelector", "")
+        with self._changed:
+            items = [
+                copy.deepcopy(obj)
+                for _, obj in sorted(self.nodes.items())
+                if _matches(obj["metadata"].get("labels") or {}, selector)
+            ]
+            version = str(self._revision)
+        return 200, {
+            "apiVersion": "v1",
+            "kind": "NodeList",
+            "metadata": {"resourceVersion": version},
+            "items": items,
+        }
+
     def _answer(
         self, method: str, path: str, query: dict[str, str], body: Any, headers: Any
     ) -> tuple[int, Obj]:
+        if path == "/api/v1/nodes":
+            return self._nodes(method, query, headers)
         match = _PATH.match(path)
         has_name = match is not None and match["name"] is not None
         verb = {
@@ -613,7 +653,6 @@ class FakeKubelet:
     node_cpu: float = 8.0
     namespace: str = "orchard-sandboxes"
     missing_images: set[str] = field(default_factory=lambda: {MISSING_IMAGE})
-    secret_retry_seconds: float = 0.05
     # Pod name -> fields the runtime reports in its running main container's status
     # (containerID, imageID: what the snapshot tests point at a real container).
     main_status: dict[str, Obj] = field(default_factory=dict)
@@ -623,7 +662,6 @@ class FakeKubelet:
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
         self._next_ip = 2
-        self.secret_misses: list[str] = []  # pods whose main container waited for its Secret
         self.root = Path(tempfile.mkdtemp(prefix="kubelet-"))
         self.api.listeners.append(self._on_change)
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -745,9 +783,6 @@ class FakeKubelet:
                 }
             self._status(name, {**base, "podIP": ip, **statuses})
             return
-        token = self._token(name, main)
-        if token is None:
-            return
         command = main["command"]
         listen = f"tcp:0.0.0.0:{self.agent_port}"
         if command[-2:] != ["--listen", listen]:
@@ -760,7 +795,6 @@ class FakeKubelet:
             env.update(
                 PATH=os.environ.get("PATH", "/usr/bin:/bin"),
                 HOME=str(root),
-                ORCHARD_AGENT_TOKEN=token,
                 ORCHARD_AGENT_WORKDIR=str(root / "workspace"),
             )
             process = subprocess.Popen(
@@ -815,29 +849,6 @@ class FakeKubelet:
                 ],
             },
         )
-
-    def _token(self, name: str, main: Obj) -> str | None:
-        """The token from the Secret the pod's env names; CreateContainerConfigError and a
-        retry while it does not exist, as a kubelet does."""
-        ref = next(e for e in main["env"] if e["name"] == "ORCHARD_AGENT_TOKEN")
-        secret_ref = ref["valueFrom"]["secretKeyRef"]
-        secret = self.api.get("secrets", self.namespace, secret_ref["name"])
-        if secret is None:
-            self.secret_misses.append(name)
-            pod = self.api.get("pods", self.namespace, name)
-            if pod is None:
-                return None
-            waiting = _waiting(
-                main["name"],
-                "CreateContainerConfigError",
-                f'secret "{secret_ref["name"]}" not found',
-            )
-            self._status(name, {**pod["status"], "containerStatuses": [waiting]})
-            timer = threading.Timer(self.secret_retry_seconds, self._work.put, (("start", name),))
-            timer.daemon = True
-            timer.start()
-            return None
-        return base64.b64decode(secret["data"][secret_ref["key"]]).decode()
 
     @staticmethod
     def _stop(running: _Running) -> None:

@@ -26,7 +26,7 @@ from orchard_env.orchestrator.backends.base import (
     SandboxState,
 )
 from orchard_env.orchestrator.backends.docker_engine import DockerEngineBackend
-from tests.orchestrator.backends.conftest import MiB
+from tests.orchestrator.backends.conftest import MiB, sandbox_capability_mask, sandbox_status
 
 pytestmark = pytest.mark.engine
 
@@ -116,10 +116,15 @@ async def test_busybox_sandbox_runs_the_agent_with_labels_and_limits(
     run_dir = settings.sandboxes_dir / wanted.sandbox_id
     assert sandbox.agent.uds == str(run_dir / "agent.sock")
 
-    async with _agent(sandbox) as agent:
+    # The env reaches commands through the agent's enrollment, never the container's env.
+    key, socket_path = sandbox.agent.token, sandbox.agent.uds
+    async with AgentClient(token=key, uds=socket_path, env=wanted.env) as agent:
         await agent.wait_ready(30)
         output, exit_ = await _run(agent, "echo $GREETING; pwd; hostname; cat /proc/1/cmdline")
+        status, _ = await _run(agent, "cat /proc/self/status")
     assert exit_.exit_code == 0
+    # Root in the sandbox has only the capabilities images need, and no new privileges.
+    assert sandbox_status(status) == (sandbox_capability_mask(), "1")
     greeting, cwd, hostname, cmdline = output.split("\n", 3)
     assert (greeting, cwd, hostname) == ("hello", "/workspace", wanted.sandbox_id)
     assert f"{BUNDLE_MOUNT}/agent\0--listen" in cmdline  # the agent is PID 1
@@ -255,6 +260,30 @@ async def test_an_id_too_long_for_the_socket_path_is_refused_before_anything_is_
     assert fits.agent is not None and len(fits.agent.uds or "") == 107
 
 
+async def test_the_sandboxes_env_reaches_commands_but_not_the_agent(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    settings: ServiceSettings,
+    docker_client: docker.DockerClient,
+) -> None:
+    """An LD_PRELOAD of the sandbox (a file that is no library: the loader complains, on stderr,
+    in every process it applies to) and a marker are its commands', never the agent's."""
+    wanted = spec(env={"LD_PRELOAD": "/etc/hostname", "MARK": "sandbox-env"})
+    sandbox = await backend.create(wanted)
+    assert sandbox.agent is not None
+    key, socket_path = sandbox.agent.token, sandbox.agent.uds
+    async with AgentClient(token=key, uds=socket_path, env=wanted.env) as agent:
+        await agent.wait_ready(30)
+        seen, exit_ = await _run(agent, 'echo "$MARK" "$LD_PRELOAD"')
+        init, _ = await _run(agent, "tr '\\0' '\\n' < /proc/1/environ 2>/dev/null")
+    assert exit_.exit_code == 0 and seen.splitlines()[-1] == "sandbox-env /etc/hostname"
+    assert "ORCHARD_AGENT_WORKDIR=" in init  # the container's own environment, which PID 1 has
+    assert "MARK=" not in init and "LD_PRELOAD=" not in init
+    assert wanted.agent_token not in init
+    logs = _container(docker_client, settings, wanted.sandbox_id).logs().decode()
+    assert "LD_PRELOAD" not in logs and "preloaded" not in logs, logs
+
+
 async def test_an_image_whose_user_is_not_root_gets_its_agent(
     backend: DockerEngineBackend,
     spec: Callable[..., SandboxSpec],
@@ -331,6 +360,47 @@ async def test_list_sees_only_this_instance(
     assert listed.created_at == mine.created_at
 
 
+def _storage_can_limit_disk(client: docker.DockerClient) -> tuple[bool, str]:
+    """What the engine's storage is, and whether ``--storage-opt size`` works on it."""
+    info = client.info()
+    status = {str(k): str(v) for k, v in info.get("DriverStatus") or []}
+    driver, backing = str(info.get("Driver")), status.get("Backing Filesystem", "")
+    capable = driver in ("btrfs", "zfs") or (driver.startswith("overlay") and backing == "xfs")
+    return capable, f"storage driver {driver} on {backing}"
+
+
+async def test_a_disk_limit_is_enforced_or_refused_never_ignored(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    docker_client: docker.DockerClient,
+) -> None:
+    capable, storage = _storage_can_limit_disk(docker_client)
+    wanted = spec(disk_bytes=64 * MiB)
+    if not capable:  # this machine (overlay on ext4): refused before anything is made
+        with pytest.raises(errors.InvalidRequest) as caught:
+            await backend.create(wanted)
+        assert caught.value.message.startswith("disk cannot be limited on this engine: its ")
+        assert storage in caught.value.message
+        assert caught.value.hint is not None and "xfs" in caught.value.hint
+        assert await backend.inspect(wanted.sandbox_id) is None
+        return
+    sandbox = await _ready(backend, wanted)
+    async with _agent(sandbox) as agent:
+        output, _ = await _run(agent, "head -c 200000000 /dev/zero > /big; echo $?")
+    assert output.strip().splitlines()[-1] != "0", output
+
+
+async def test_a_workdir_that_is_a_file_is_a_clear_error(
+    backend: DockerEngineBackend, spec: Callable[..., SandboxSpec], settings: ServiceSettings
+) -> None:
+    wanted = spec(workdir="/etc/passwd")
+    with pytest.raises(errors.InvalidRequest) as caught:
+        await backend.create(wanted)
+    assert caught.value.message.startswith("workdir '/etc/passwd' is not a directory in image ")
+    assert await backend.inspect(wanted.sandbox_id) is None
+    assert not (settings.sandboxes_dir / wanted.sandbox_id).exists()
+
+
 async def test_a_killed_sandbox_is_reported_exited_with_its_code(
     backend: DockerEngineBackend,
     spec: Callable[..., SandboxSpec],
@@ -347,3 +417,14 @@ async def test_a_killed_sandbox_is_reported_exited_with_its_code(
     assert exited.reason == (
         "exited with code 137: killed by SIGKILL (e.g. the out-of-memory killer)"
     )
+
+
+async def test_capacity_is_the_engine_machine(backend: DockerEngineBackend) -> None:
+    """What the engine reports as its machine (it may be remote): cores and memory."""
+    info = await asyncio.to_thread(backend._client.info)
+    capacity = await backend.capacity()
+    (node,) = capacity.nodes
+    assert node.name == info["Name"] and capacity.pods is None
+    assert node.capacity.cpu == float(info["NCPU"]) >= 1
+    assert node.capacity.memory_bytes == info["MemTotal"] > 0
+    assert node.allocatable == node.capacity

@@ -4,6 +4,7 @@ independence of forks, lineage labels, what is not in the image, and image remov
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -133,10 +134,26 @@ async def test_restore_gets_the_files_of_the_moment_of_the_snapshot(
     assert config["Labels"][LABEL_INSTANCE] == settings.instance
     assert config["Labels"]["orchard.record"] == ""
     assert "orchard.snapshot-parent" not in config["Labels"]
-    assert "ORCHARD_AGENT_TOKEN=" in config["Env"]  # blanked: the secret is not in it
+    assert config["Labels"]["orchard.agent-key"] == ""  # blanked: the key is not in it
     assert not any(source_spec.agent_token in item for item in config["Env"])
+    assert source_spec.agent_token not in json.dumps(committed.attrs)
     assert (config.get("Entrypoint") or []) == (base.get("Entrypoint") or [])
     assert (config.get("Cmd") or []) == (base.get("Cmd") or [])
+
+
+async def test_restoring_a_snapshot_whose_workdir_is_now_a_file_is_a_clear_error(
+    backend: DockerEngineBackend, spec: Callable[..., SandboxSpec], settings: ServiceSettings
+) -> None:
+    source = await backend.create(spec())
+    await run(source, "cd / && rm -rf /workspace && echo not a dir > /workspace")
+    image = await backend.snapshot(source.sandbox_id, f"snap-{secrets.token_hex(6)}")
+    wanted = spec(**restoring(image), workdir="/workspace")
+    with pytest.raises(errors.InvalidRequest) as caught:
+        await backend.create(wanted)
+    assert caught.value.message.startswith("workdir '/workspace' is not a directory in image ")
+    assert caught.value.hint is not None and "snapshot" in caught.value.hint
+    assert await backend.inspect(wanted.sandbox_id) is None
+    assert not (settings.sandboxes_dir / wanted.sandbox_id).exists()
 
 
 async def test_the_agent_and_its_socket_directory_are_not_in_the_image(

@@ -25,12 +25,8 @@ from orchard_env.orchestrator.backends.base import (
     SandboxSpec,
     SandboxState,
 )
-from orchard_env.orchestrator.backends.kubernetes import (
-    ANNOTATION_RECORD,
-    KubernetesBackend,
-    dependent_names,
-    load_api_client,
-)
+from orchard_env.orchestrator.backends.kube_objects import ANNOTATION_RECORD, dependent_names
+from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend, load_api_client
 from tests.orchestrator.backends.conftest import NAMESPACE, Cluster
 from tests.orchestrator.backends.kube_fake import (
     CRASH_IMAGE,
@@ -219,25 +215,6 @@ async def test_a_pod_that_dies_later_is_seen_through_the_watch(
     assert len(cluster.api.calls("GET", "pods/sb-one")) == gets_before  # from the cache
 
 
-async def test_the_token_secret_may_come_after_the_kubelet_looks(
-    kube: KubernetesBackend, cluster: Cluster
-) -> None:
-    """The Secret is created after the pod (it is owned by it): a kubelet that gets to the
-    container first reports CreateContainerConfigError and retries; that is no failure."""
-
-    def after_the_kubelet_looked(_body: Obj) -> None:
-        deadline = time.monotonic() + 10
-        while "sb-one" not in cluster.kubelet.secret_misses:
-            assert time.monotonic() < deadline, "the kubelet never looked for the Secret"
-            time.sleep(0.01)
-
-    cluster.api.before_create["secrets"] = after_the_kubelet_looked
-    found = await kube.create(make_spec())
-    assert found.state == SandboxState.RUNNING
-    assert cluster.kubelet.secret_misses[:1] == ["sb-one"]
-    assert (await answers(found))["status"] == "ok"
-
-
 # --- delete, list, restart ---------------------------------------------------------------------
 
 
@@ -336,7 +313,7 @@ async def watched(cluster: Cluster, watches: int = 1) -> None:
 async def test_410_gone_on_an_open_watch_lists_again(
     kube: KubernetesBackend, cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, "orchard_env.orchestrator.backends.kubernetes")
+    caplog.set_level(logging.INFO, "orchard_env.orchestrator.backends.kube_watch")
     await kube.create(make_spec())
     await watched(cluster)
     lists = pod_lists(cluster)

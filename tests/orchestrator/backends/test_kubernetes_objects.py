@@ -14,18 +14,17 @@ import kubernetes_validate
 import pytest
 
 import manifests
-from orchard_env.agent.bundle import BUNDLE_MOUNT, launch_argv
+from orchard_env.agent.bundle import BUNDLE_MOUNT, launch_argv, launch_env
 from orchard_env.config import ServiceSettings
-from orchard_env.orchestrator.backends.base import SandboxSpec, SandboxState
-from orchard_env.orchestrator.backends.kubernetes import (
-    KubernetesBackend,
-    PodView,
+from orchard_env.orchestrator.backends.base import SANDBOX_CAPABILITIES, SandboxSpec, SandboxState
+from orchard_env.orchestrator.backends.kube_objects import (
     dependent_names,
     egress_policy,
     pod_manifest,
     token_secret,
-    view_pod,
 )
+from orchard_env.orchestrator.backends.kube_status import PodView, view_pod
+from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend
 from tests.orchestrator.backends.conftest import AGENT_IMAGE, NAMESPACE, Cluster
 from tests.orchestrator.backends.kube_fake import KINDS, TOKEN, fake_cluster
 from tests.orchestrator.backends.test_kubernetes import make_spec
@@ -111,7 +110,10 @@ def test_the_pod_spec(kube_settings: ServiceSettings) -> None:
         "orchard.label/team": "rl",
         "orchard.label/run.id": "r-1_2",
     }
-    assert metadata["annotations"] == {"orchard.record": spec.record_annotation}
+    assert metadata["annotations"] == {
+        "orchard.record": spec.record_annotation,
+        "orchard.agent-secret": dependent_names(spec)[0],  # the key's, for the orchestrator
+    }
     # The labels the deployment's NetworkPolicies and RBAC notes match.
     assert manifests.SANDBOX_MANAGED_BY in metadata["labels"].items()
     assert manifests.NETWORK_LABEL in metadata["labels"].items()
@@ -150,16 +152,9 @@ def test_the_pod_spec(kube_settings: ServiceSettings) -> None:
     assert main["command"] == launch_argv(BUNDLE_MOUNT, f"tcp:0.0.0.0:{settings.agent_port}")
     assert main["args"] == []
     assert main["workingDir"] == "/home/user/work"
-    assert main["env"] == [
-        {
-            "name": "ORCHARD_AGENT_TOKEN",
-            "valueFrom": {
-                "secretKeyRef": {"name": dependent_names(spec)[0], "key": "token"},
-            },
-        },
-        {"name": "LANG", "value": "C.UTF-8"},
-        {"name": "ORCHARD_AGENT_WORKDIR", "value": "/home/user/work"},
-    ]
+    # Neither the key nor the sandbox's env (LANG here) is in the pod: the agent gets both
+    # when the orchestrator enrolls it.
+    assert [e["name"] for e in main["env"]] == [*launch_env(BUNDLE_MOUNT), "ORCHARD_AGENT_WORKDIR"]
     assert main["volumeMounts"] == [
         {"name": "orchard-agent", "mountPath": BUNDLE_MOUNT, "readOnly": True}
     ]
@@ -177,7 +172,7 @@ def test_the_pod_spec(kube_settings: ServiceSettings) -> None:
     }
     assert main["securityContext"] == {
         "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["NET_RAW"]},
+        "capabilities": {"drop": ["ALL"], "add": list(SANDBOX_CAPABILITIES)},
     }
     assert main["readinessProbe"]["tcpSocket"] == {"port": settings.agent_port}
     assert main["ports"] == [{"name": "agent", "containerPort": settings.agent_port}]
@@ -191,6 +186,17 @@ def test_without_ttl_or_runtime_class_the_pod_has_neither(kube_settings: Service
     # An owner that cannot be a label value stays off the labels (it is in the record).
     labels = sent_pod(kube_settings, make_spec(owner="a b"))["metadata"]["labels"]
     assert "orchard.owner" not in labels
+
+
+@pytest.mark.parametrize(
+    ("disk", "request_bytes"), [(256 * 1024**2, 256 * 1024**2), (5 * 1024**3, 1024**3)]
+)
+def test_a_sandbox_disk_is_its_ephemeral_storage_limit(
+    kube_settings: ServiceSettings, disk: int, request_bytes: int
+) -> None:
+    container = sent_pod(kube_settings, make_spec(disk_bytes=disk))["spec"]["containers"][0]
+    assert container["resources"]["limits"]["ephemeral-storage"] == str(disk)
+    assert container["resources"]["requests"]["ephemeral-storage"] == str(request_bytes)
 
 
 def test_the_secret_and_the_policy(kube_settings: ServiceSettings) -> None:
@@ -219,15 +225,13 @@ def test_the_secret_and_the_policy(kube_settings: ServiceSettings) -> None:
 
 
 def pod_with(status: dict[str, Any], **metadata: Any) -> dict[str, Any]:
-    env = [
-        {
-            "name": "ORCHARD_AGENT_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": "orchard-agent-sb-one-abc", "key": "token"}},
-        }
-    ]
     return {
-        "metadata": {"name": "sb-one", **metadata},
-        "spec": {"containers": [{"name": "sandbox", "env": env}]},
+        "metadata": {
+            "name": "sb-one",
+            "annotations": {"orchard.agent-secret": "orchard-agent-sb-one-abc"},
+            **metadata,
+        },
+        "spec": {"containers": [{"name": "sandbox", "env": []}]},
         "status": status,
     }
 
@@ -287,20 +291,6 @@ STATUSES: list[tuple[str, dict[str, Any], PodView]] = [
             "container agent-injector: ErrImagePull: not found",
             pull_failure=("agent-injector", "ErrImagePull", "not found"),
         ),
-    ),
-    (
-        "its own Secret is not there yet",
-        {
-            "phase": "Pending",
-            "containerStatuses": [
-                waiting(
-                    "sandbox",
-                    "CreateContainerConfigError",
-                    'secret "orchard-agent-sb-one-abc" not found',
-                )
-            ],
-        },
-        PodView(SandboxState.CREATING),
     ),
     (
         "the runtime could not make the container (the kubelet retries)",

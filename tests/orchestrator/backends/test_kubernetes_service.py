@@ -17,7 +17,7 @@ from orchard_env.orchestrator.app import create_app
 from orchard_env.orchestrator.keys import create_key
 from orchard_env.orchestrator.services import Orchard
 from tests.orchestrator.backends.conftest import NAMESPACE, Cluster
-from tests.orchestrator.backends.kube_fake import MISSING_IMAGE
+from tests.orchestrator.backends.kube_fake import MISSING_IMAGE, node
 from tests.orchestrator.conftest import eventually
 
 IMAGE = "registry.example/sandbox:1"
@@ -159,7 +159,10 @@ async def test_a_pod_that_dies_fails_its_sandbox_with_the_reason(
     await orchard.reaper.run_pass()
     info = (await http.get("/sandboxes/fragile")).json()
     assert info["status"] == "failed"
-    assert info["status_message"] == ("its container stopped (exit code 137, OOMKilled)")
+    assert info["status_message"] == (
+        "OOMKilled: its container was killed for using more than its memory limit of 2Gi, "
+        "exit code 137; give it more with `memory` at create"
+    )
     assert cluster.names("pods") == []
 
 
@@ -182,6 +185,8 @@ async def test_a_warm_pool_on_kubernetes_keeps_scheduled_pods_and_hands_them_out
         assert (
             pod is not None and pod["spec"].get("nodeName") and pod["status"]["phase"] == "Running"
         )
+        # No deadline of its own: a claim starts its lifetime again (the reaper ends it).
+        assert "activeDeadlineSeconds" not in pod["spec"]
     secrets = cluster.names("secrets")  # each its own agent secret
     assert len(secrets) == 2 and all(any(n in s for s in secrets) for n in waiting)
 
@@ -208,3 +213,101 @@ async def test_a_warm_pool_on_kubernetes_keeps_scheduled_pods_and_hands_them_out
     assert cluster.names("pods") == [claimed["sandbox_id"]]
     [secret] = cluster.names("secrets")
     assert claimed["sandbox_id"] in secret
+
+
+async def test_resources_come_from_the_sandbox_nodes_and_the_namespace_pods(
+    start: Start, cluster: Cluster, kube_settings: ServiceSettings
+) -> None:
+    sandbox_labels = {"workload": "sandbox", "kubernetes.io/arch": "amd64"}
+    cluster.api.nodes = {
+        "aks-sbx-0": node(
+            "aks-sbx-0",
+            sandbox_labels,
+            capacity={"cpu": "8", "memory": "32Gi"},
+            allocatable={"cpu": "7820m", "memory": "28000000Ki"},
+        ),
+        "aks-sbx-1": node(
+            "aks-sbx-1",
+            sandbox_labels,
+            capacity={"cpu": "4", "memory": "16Gi"},
+            allocatable={"cpu": "3860m", "memory": "14Gi"},
+        ),
+        # A system node: sandboxes never run there, so it is no capacity of theirs.
+        "aks-sys-0": node(
+            "aks-sys-0",
+            {"kubernetes.io/arch": "amd64"},
+            capacity={"cpu": "8", "memory": "32Gi"},
+            allocatable={"cpu": "8", "memory": "32Gi"},
+        ),
+    }
+    orchard, http = await start(kube_settings)
+    await create_ready(http, sandbox_id="mine", cpu="500m", memory="256Mi")
+    # Another tenant's sandbox, and a pod of some other service in the namespace.
+    stranger = await create_key(orchard.store, "stranger")
+    theirs = {"X-API-Key": stranger.api_key}
+    created = await http.post(
+        "/sandboxes",
+        json={"image": IMAGE, "sandbox_id": "theirs", "cpu": "2", "memory": "1Gi"},
+        headers=theirs,
+    )
+    assert created.status_code == 201, created.text
+    waited = await http.get("/sandboxes/theirs/wait", params={"timeout": 20}, headers=theirs)
+    assert waited.json()["status"] == "ready"
+    cluster.api.create(
+        "pods",
+        NAMESPACE,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "unrelated", "namespace": NAMESPACE},
+            "spec": {
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}}},
+                    {"name": "b", "resources": {"requests": {"memory": "64Mi"}}},
+                ]
+            },
+            "status": {"phase": "Running"},
+        },
+    )
+
+    report = (await http.get("/resources")).json()
+    assert report["status"] == "ok" and report["scope"] == "service"
+    assert [n["name"] for n in report["nodes"]] == ["aks-sbx-0", "aks-sbx-1"]
+    assert report["total_capacity"] == {"cpu": 12.0, "memory_bytes": 48 * 1024**3}
+    allocatable = {"cpu": 11.68, "memory_bytes": 28000000 * 1024 + 14 * 1024**3}
+    assert report["total_allocatable"]["cpu"] == pytest.approx(allocatable["cpu"])
+    assert report["total_allocatable"]["memory_bytes"] == allocatable["memory_bytes"]
+    pods = {p["name"]: p for p in report["sandbox_pods"]}
+    assert set(pods) == {"mine", "theirs", "unrelated"}
+    assert pods["mine"] == {
+        "name": "mine",
+        "namespace": NAMESPACE,
+        "phase": "Running",
+        "cpu_request": 0.5,
+        "memory_request_bytes": 256 * 1024**2,
+        "sandbox_id": "mine",
+    }
+    assert pods["unrelated"]["sandbox_id"] is None
+    assert pods["unrelated"]["memory_request_bytes"] == 128 * 1024**2
+    assert report["total_requested"]["cpu"] == pytest.approx(2.75)
+    assert report["available"]["cpu"] == pytest.approx(11.68 - 2.75)
+    assert report["sandboxes"] == 2
+
+    # A non-admin key sees the nodes, and only its own sandbox among the requests.
+    own = (await http.get("/resources", headers=theirs)).json()
+    assert own["scope"] == "key" and own["total_allocatable"] == report["total_allocatable"]
+    assert [p["name"] for p in own["sandbox_pods"]] == ["theirs"]
+    assert own["total_requested"] == {"cpu": 2.0, "memory_bytes": 1024**3}
+    assert own["sandboxes"] == 1
+
+    # Finished pods hold nothing; an orchestrator without the node right says what is missing.
+    cluster.api.set_pod_status(NAMESPACE, "unrelated", {"phase": "Succeeded"})
+    report = (await http.get("/resources")).json()
+    assert {p["name"] for p in report["sandbox_pods"]} == {"mine", "theirs"}
+    cluster.api.cluster_rules["nodes"].discard("list")
+    refused = await http.get("/resources")
+    assert refused.status_code == 500
+    assert refused.json()["detail"]["message"].startswith(
+        "the orchestrator may not list the cluster's nodes: nodes is forbidden"
+    )
+    assert "ClusterRole orchard-nodes-<namespace>" in refused.json()["detail"]["hint"]

@@ -1,0 +1,128 @@
+"""The bounded-input attacks against the service on real containers (engine tier): each was a
+500 (or a sandbox the engine could not make) before; each is a 400 that names the field, and
+the service keeps answering everyone."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from orchard_env.config import ServiceSettings, service_settings
+from tests.servers import live_service
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture
+def settings(
+    tmp_path_factory: pytest.TempPathFactory, engine_instance: str, agent_bundle: Path
+) -> ServiceSettings:
+    return service_settings(
+        state_dir=tmp_path_factory.mktemp("lim"),
+        instance=f"{engine_instance}-limits",
+        agent_bundle_dir=agent_bundle,
+        max_body_bytes=1024**2,
+    )
+
+
+@pytest.fixture
+def http(settings: ServiceSettings) -> Iterator[httpx.Client]:
+    with (
+        live_service(settings, key_name="limits") as (url, key),
+        httpx.Client(base_url=url, headers={"X-API-Key": key}, timeout=120) as client,
+    ):
+        yield client
+
+
+def refused(response: httpx.Response, *needles: str) -> None:
+    assert response.status_code == 400, response.text
+    message = response.json()["detail"]["message"]
+    for needle in needles:
+        assert needle in message, message
+
+
+def raw_json(client: httpx.Client, path: str, body: str) -> httpx.Response:
+    return client.post(path, content=body.encode(), headers={"content-type": "application/json"})
+
+
+def test_bad_creates_are_400s_and_listing_survives(http: httpx.Client, busybox_image: str) -> None:
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"ttl_seconds": 10**12}, "ttl_seconds"),
+        ({"idle_timeout_seconds": 10**12}, "idle_timeout_seconds"),
+        ({"cpu": 1e-10}, "cpu"),
+        ({"cpu": "1m"}, "cpu"),
+        ({"memory": "1"}, "memory"),
+        ({"memory": "1Ki"}, "memory"),
+        ({"memory": 8192}, "8192Mi"),
+        ({"image": "a" * 300}, "image"),
+        ({"env": {"": "x"}}, "env name"),
+        ({"env": {"A=B": "x"}}, "env name"),
+        ({"env": {"A": "x\0"}}, "NUL"),
+        ({"workdir": "/work\0space"}, "NUL"),
+    ]
+    for body, needle in bad:
+        refused(http.post("/sandboxes", json={"image": busybox_image, **body}), needle)
+    refused(raw_json(http, "/sandboxes", '{"image": "busybox", "env": {"A": "\\ud800"}}'), "env")
+    listed = http.get("/sandboxes")
+    assert listed.status_code == 200 and listed.json() == {"sandboxes": []}
+    too_big = http.post("/sandboxes", json={"image": busybox_image, "env": {"A": "x" * 2**21}})
+    assert too_big.status_code == 413, too_big.text
+
+
+def test_file_and_exec_attacks_on_a_real_sandbox(
+    http: httpx.Client, busybox_image: str, settings: ServiceSettings
+) -> None:
+    created = http.post("/sandboxes", json={"image": busybox_image, "ttl_seconds": 600})
+    assert created.status_code == 201, created.text
+    sandbox_id = created.json()["sandbox_id"]
+    assert http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60}).json()["ready"]
+    base = f"/sandboxes/{sandbox_id}"
+
+    upload = http.post(f"{base}/files", json={"path": "x", "content": "héllo"})
+    refused(upload, "base64")
+    refused(raw_json(http, f"{base}/files", '{"path": "\\ud800", "content": ""}'), "path")
+    refused(raw_json(http, f"{base}/exec", '{"command": "echo \\ud800"}'), "command")
+    # Only ever against a container: on the service-tier fake, whose agents are host processes
+    # as root, a regression here would delete the host's files.
+    for root in ("/", "//", "///", "/./", "/tmp/..", "//tmp/../"):
+        deleted = http.delete(f"{base}/files", params={"path": root, "recursive": "true"})
+        refused(deleted, "refusing to delete /")
+    alive = http.post(f"{base}/exec", json={"command": "ls /bin/sh && echo ok", "wait": True})
+    assert alive.json()["stdout"].endswith("ok\n"), alive.text
+
+    # A poisoned record written straight into the store: listing still answers everyone.
+    with sqlite3.connect(settings.db_path) as db:
+        row = db.execute("SELECT record FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+        record = json.loads(row[0])
+        record.update(sandbox_id="poisoned", ttl_seconds=10**12, idle_timeout_seconds=10**12)
+        db.execute(
+            "INSERT INTO sandboxes (id, owner, status, created_at, ended_at, record) "
+            "SELECT 'poisoned', owner, status, created_at, NULL, ? FROM sandboxes WHERE id = ?",
+            (json.dumps(record), sandbox_id),
+        )
+        db.execute(
+            "INSERT INTO sandboxes (id, owner, status, created_at, ended_at, record) "
+            "VALUES ('garbage', NULL, 'ready', '2026-01-01T00:00:00.000000Z', NULL, '{}')"
+        )
+    listed = http.get("/sandboxes")
+    assert listed.status_code == 200, listed.text
+    assert {s["sandbox_id"] for s in listed.json()["sandboxes"]} == {sandbox_id, "poisoned"}
+
+    # A snapshot whose workdir is now a file: its restore is a 400 naming the workdir.
+    replaced = http.post(
+        f"{base}/exec",
+        json={"command": "cd / && rm -rf /workspace && echo file > /workspace", "wait": True},
+    )
+    assert replaced.json()["exit_code"] == 0, replaced.text
+    snapshot = http.post(f"{base}/snapshot")
+    assert snapshot.status_code == 201, snapshot.text
+    restored = http.post(f"/snapshots/{snapshot.json()['snapshot_id']}/restore")
+    refused(restored, "workdir '/workspace' is not a directory")
+    assert http.delete(f"/snapshots/{snapshot.json()['snapshot_id']}").status_code == 200
+    assert http.delete(base).status_code == 200
