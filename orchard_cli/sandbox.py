@@ -168,6 +168,12 @@ def _quantities(cpu: str | None, memory: str | None) -> list[str]:
 def list_(
     label: LabelOpt = None,
     status: Annotated[str | None, typer.Option("--status", help="Only this status.")] = None,
+    chunk_size: Annotated[
+        int,
+        typer.Option(
+            "--chunk-size", min=1, max=10_000, help="Sandboxes fetched per request (as kubectl)."
+        ),
+    ] = 500,
     output: OutputOpt = None,
     quiet: QuietOpt = False,
     json_: JsonOpt = False,
@@ -175,10 +181,12 @@ def list_(
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """List sandboxes, filtered by label and status."""
+    """List sandboxes, newest first, filtered by label and status."""
     fmt = output_format(output, json_=json_, quiet=quiet)
     with connect(url, api_key, context) as client:
-        sandboxes = client.list_sandboxes(labels=_pairs(label, "label") or None, status=status)
+        sandboxes = client.list_sandboxes(
+            labels=_pairs(label, "label") or None, status=status, chunk_size=chunk_size
+        )
     emit_list(sandboxes, SANDBOX_COLUMNS, fmt, kind="sandbox", key=lambda sb: sb.sandbox_id)
 
 
@@ -361,7 +369,8 @@ def cp(
     """Copy files or directories into or out of a sandbox, like `docker cp`.
 
     Directories are copied recursively. A destination that ends in / or is an existing
-    directory receives the source under its own name; SRC/. copies a directory's contents.
+    directory receives the source under its own name; SRC/. copies a directory's contents,
+    and ID:. the contents of the sandbox's working directory.
     '-' as the source reads a tar archive from stdin and extracts it into a sandbox
     directory; '-' as the destination writes the sandbox path to stdout as a tar archive.
     Symlinks and special files are skipped (and named).

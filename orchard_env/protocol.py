@@ -459,7 +459,12 @@ class SandboxInfo(BaseModel):
 
 
 class SandboxList(BaseModel):
+    """``GET /sandboxes``. With ``limit``, one page: ``continue`` (as in Kubernetes lists) is
+    set while more may follow; pass it back as the ``continue`` query parameter. A page may
+    hold fewer than ``limit`` sandboxes (label filters apply after paging)."""
+
     sandboxes: list[SandboxInfo]
+    continue_token: str | None = Field(default=None, alias="continue")
 
 
 class DeleteResponse(BaseModel):

@@ -14,6 +14,7 @@ Rules that keep state and containers consistent:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import secrets
@@ -53,6 +54,7 @@ from orchard_env.protocol import (
     SandboxInfo,
     SandboxList,
     SandboxStatus,
+    check_sandbox_id,
     format_memory,
     parse_memory,
     sandbox_cpu,
@@ -104,6 +106,24 @@ def dead_reason(found: BackendSandbox, memory_bytes: int) -> str:
         details.append(found.reason)
     suffix = f" ({', '.join(details)})" if details else ""
     return f"its container stopped{suffix}"
+
+
+def continue_token_of(record: SandboxRecord) -> str:
+    """The opaque position after ``record`` in the newest-first sandbox list."""
+    position = f"{record.created_at.isoformat()}|{record.sandbox_id}"
+    return base64.urlsafe_b64encode(position.encode()).decode().rstrip("=")
+
+
+def parse_continue_token(token: str) -> tuple[datetime, str]:
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        created_at, sandbox_id = base64.urlsafe_b64decode(padded).decode().split("|")
+        return datetime.fromisoformat(created_at), check_sandbox_id(sandbox_id)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(
+            f"continue token {token[:80]!r} is not one this service gave",
+            hint="pass back the `continue` value of the previous page, or list from the start",
+        ) from exc
 
 
 class SandboxService:
@@ -209,20 +229,26 @@ class SandboxService:
         labels: dict[str, str] | None = None,
         status: SandboxStatus | None = None,
         include_deleted: bool = False,
+        limit: int | None = None,
+        continue_token: str | None = None,
     ) -> SandboxList:
         records = await self.store.list_sandboxes(
             owner=caller.owner_filter,
-            include_deleted=include_deleted or status == SandboxStatus.DELETED,
+            include_deleted=include_deleted,
+            status=status,
+            after=None if continue_token is None else parse_continue_token(continue_token),
+            limit=limit,
         )
         wanted = labels or {}
         infos = []
         for record in records:
-            if (status is None or record.status == status) and all(
-                record.labels.get(k) == v for k, v in wanted.items()
-            ):
+            if all(record.labels.get(k) == v for k, v in wanted.items()):
                 with isolated(log, "showing a sandbox", sandbox_id=record.sandbox_id):
                     infos.append(record.to_info(self.settings))
-        return SandboxList(sandboxes=infos)
+        more = limit is not None and len(records) == limit
+        last = records[-1] if more else None
+        token = None if last is None else continue_token_of(last)
+        return SandboxList.model_validate({"sandboxes": infos, "continue": token})
 
     # --- create ------------------------------------------------------------------------------
 

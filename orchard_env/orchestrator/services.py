@@ -47,7 +47,8 @@ class Orchard:
         agents = AgentPool()
         sandboxes = SandboxService(settings, store, backend, agents, clock)
         health = AgentHealth(store, sandboxes, agents)
-        jobs = JobService(settings, store, sandboxes, agents, health, clock)
+        sessions = KeySessions(store)
+        jobs = JobService(settings, store, sandboxes, agents, health, sessions, clock)
         snapshots = SnapshotService(settings, store, backend, sandboxes, clock)
         pools = PoolService(settings, store, sandboxes, clock)
         return cls(
@@ -62,7 +63,7 @@ class Orchard:
             files=FileService(sandboxes, agents),
             health=health,
             reaper=Reaper(settings, store, sandboxes, snapshots, health, pools, clock),
-            sessions=KeySessions(store),
+            sessions=sessions,
             clock=clock,
         )
 

@@ -62,10 +62,15 @@ class Store(Protocol):
         *,
         owner: str | None = None,
         include_deleted: bool = False,
+        status: SandboxStatus | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
         pooled: bool | str = False,
     ) -> list[SandboxRecord]:
-        """Newest first; ``owner`` None means every owner. ``pooled``: False leaves out the
-        sandboxes waiting in a warm pool, True includes them, a pool's name gives only its."""
+        """Newest first (then by id); ``owner`` None means every owner. A page: at most
+        ``limit`` records, those after the ``(created_at, id)`` position ``after``.
+        ``pooled``: False leaves out the sandboxes waiting in a warm pool, True includes them,
+        a pool's name gives only its."""
         ...
 
     async def first_pooled(self, pool: str) -> SandboxRecord | None:
@@ -553,18 +558,33 @@ class SQLiteStore:
         *,
         owner: str | None = None,
         include_deleted: bool = False,
+        status: SandboxStatus | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
         pooled: bool | str = False,
     ) -> list[SandboxRecord]:
-        return await self._call(self._list_sandboxes, owner, include_deleted, pooled)
+        return await self._call(
+            self._list_sandboxes, owner, include_deleted, status, after, limit, pooled
+        )
 
     def _list_sandboxes(
-        self, owner: str | None, include_deleted: bool, pooled: bool | str
+        self,
+        owner: str | None,
+        include_deleted: bool,
+        status: SandboxStatus | None,
+        after: tuple[datetime, str] | None,
+        limit: int | None,
+        pooled: bool | str,
     ) -> list[SandboxRecord]:
-        clauses, params = [], []
+        clauses: list[str] = []
+        params: list[object] = []
         if owner is not None:
             clauses.append("owner = ?")
             params.append(owner)
-        if not include_deleted:
+        if status is not None:
+            clauses.append("status = ?")
+            params.append(status.value)
+        elif not include_deleted:
             clauses.append("status != ?")
             params.append(SandboxStatus.DELETED.value)
         if pooled is False:
@@ -572,9 +592,13 @@ class SQLiteStore:
         elif pooled is not True:
             clauses.append("pool = ?")
             params.append(pooled)
+        if after is not None:
+            clauses.append("(created_at < ? OR (created_at = ? AND id > ?))")
+            params.extend((_ts(after[0]), _ts(after[0]), after[1]))
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        page = "" if limit is None else f"LIMIT {int(limit)}"
         rows = self._db.execute(
-            f"SELECT record FROM sandboxes {where} ORDER BY created_at DESC, id",  # noqa: S608
+            f"SELECT record FROM sandboxes {where} ORDER BY created_at DESC, id {page}",  # noqa: S608
             params,
         ).fetchall()
         return _parse_all(SandboxRecord, rows, "sandbox")
@@ -588,7 +612,7 @@ class SQLiteStore:
             "ORDER BY created_at, id LIMIT 1",
             (pool, SandboxStatus.READY.value),
         ).fetchone()
-        return None if row is None else SandboxRecord.model_validate_json(row["record"])
+        return None if row is None else _parse(SandboxRecord, row["record"], "sandbox")
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
         await self._call(self._remove_sandbox, sandbox_id)
@@ -637,14 +661,14 @@ class SQLiteStore:
 
     def _get_pool(self, name: str) -> PoolRecord | None:
         row = self._db.execute("SELECT record FROM pools WHERE name = ?", (name,)).fetchone()
-        return None if row is None else PoolRecord.model_validate_json(row["record"])
+        return None if row is None else _parse(PoolRecord, row["record"], "pool")
 
     async def list_pools(self) -> list[PoolRecord]:
         return await self._call(self._list_pools)
 
     def _list_pools(self) -> list[PoolRecord]:
         rows = self._db.execute("SELECT record FROM pools ORDER BY name").fetchall()
-        return [PoolRecord.model_validate_json(row["record"]) for row in rows]
+        return _parse_all(PoolRecord, rows, "pool")
 
     async def delete_pool(self, name: str) -> None:
         await self._call(self._delete_pool, name)

@@ -47,6 +47,9 @@ EXEC_GRACE = 60
 """Seconds past a command's own timeout that the client waits for its result."""
 
 
+LIST_CHUNK_SIZE = 500  # sandboxes per page of a list, as kubectl's default
+
+
 def _sandbox(sandbox_id: str) -> str:
     return f"/sandboxes/{seg(sandbox_id)}"
 
@@ -214,7 +217,10 @@ def list_sandboxes(
     labels: Mapping[str, str] | None,
     status: str | protocol.SandboxStatus | None,
     include_deleted: bool,
+    chunk_size: int = LIST_CHUNK_SIZE,
 ) -> Flow[list[protocol.SandboxInfo]]:
+    """Every sandbox that matches, fetched ``chunk_size`` at a time (as kubectl's
+    ``--chunk-size``), so a large list is never one huge answer."""
     params = [("label", f"{key}={value}") for key, value in (labels or {}).items()]
     if status is not None:
         try:
@@ -226,8 +232,21 @@ def list_sandboxes(
             ) from None
     if include_deleted:
         params.append(("include_deleted", "true"))
-    data = yield from call(core, Send("GET", "/sandboxes", params=params))
-    return protocol.SandboxList.model_validate(data).sandboxes
+    if chunk_size < 1:
+        raise errors.InvalidRequest(
+            f"chunk_size must be at least 1, not {chunk_size}", hint="500 is the default"
+        )
+    params.append(("limit", str(chunk_size)))
+    sandboxes: list[protocol.SandboxInfo] = []
+    token: str | None = None
+    while True:
+        page_params = params if token is None else [*params, ("continue", token)]
+        data = yield from call(core, Send("GET", "/sandboxes", params=page_params))
+        page = protocol.SandboxList.model_validate(data)
+        sandboxes.extend(page.sandboxes)
+        if page.continue_token is None:
+            return sandboxes
+        token = page.continue_token
 
 
 def delete_sandbox(

@@ -150,8 +150,12 @@ class AsyncSandboxClient(ClientView):
         status: str | protocol.SandboxStatus | None = None,
         *,
         include_deleted: bool = False,
+        chunk_size: int = flows.LIST_CHUNK_SIZE,
     ) -> list[protocol.SandboxInfo]:
-        return await self._run(flows.list_sandboxes(self._core, labels, status, include_deleted))
+        """See :meth:`SandboxClient.list_sandboxes`."""
+        return await self._run(
+            flows.list_sandboxes(self._core, labels, status, include_deleted, chunk_size)
+        )
 
     async def delete_sandbox(self, sandbox_id: str, missing_ok: bool = False) -> bool:
         return await self._run(flows.delete_sandbox(self._core, sandbox_id, missing_ok=missing_ok))

@@ -160,9 +160,13 @@ class SandboxClient(ClientView):
         status: str | protocol.SandboxStatus | None = None,
         *,
         include_deleted: bool = False,
+        chunk_size: int = flows.LIST_CHUNK_SIZE,
     ) -> list[protocol.SandboxInfo]:
-        """Sandboxes visible to this key, optionally only those with all ``labels``."""
-        return self._run(flows.list_sandboxes(self._core, labels, status, include_deleted))
+        """Sandboxes visible to this key, optionally only those with all ``labels``, newest
+        first; fetched ``chunk_size`` per request."""
+        return self._run(
+            flows.list_sandboxes(self._core, labels, status, include_deleted, chunk_size)
+        )
 
     def delete_sandbox(self, sandbox_id: str, missing_ok: bool = False) -> bool:
         """Delete a sandbox; True if deleted now, False if already gone (with ``missing_ok``)."""
