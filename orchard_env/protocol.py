@@ -962,6 +962,99 @@ class ForkResult(BaseModel):
     failures: list[ForkFailure] = Field(default_factory=list)
 
 
+# --- warm pools ------------------------------------------------------------------------------
+
+MAX_POOL_SIZE = 500
+
+
+class PoolSpec(RequestModel):
+    """What a pool's sandboxes are made with: a create request with the same image, cpu,
+    memory, network, env and workdir (after defaults) and no ``sandbox_id`` or ``disk``
+    takes one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str = Field(max_length=MAX_IMAGE_LENGTH, json_schema_extra={"pattern": IMAGE_RE.pattern})
+    block_network: bool = True
+    cpu: Cpu | None = None
+    memory: Memory | None = None
+    env: Env = Field(default_factory=dict)
+    workdir: AbsolutePath | None = None
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        return check_image(v)
+
+    @field_validator("cpu")
+    @classmethod
+    def _cpu(cls, v: str | float | None) -> str | float | None:
+        return CreateSandboxRequest._cpu(v)
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, v: str | int | None, info: ValidationInfo) -> str | int | None:
+        return CreateSandboxRequest._memory(v, info)
+
+    @field_validator("workdir", mode="before")
+    @classmethod
+    def _workdir(cls, v: Any) -> Any:
+        return CreateSandboxRequest._workdir(v)
+
+
+class PoolCreateRequest(PoolSpec):
+    """``POST /pools`` (admin)."""
+
+    name: str = Field(description="The pool's id: a DNS label, e.g. debian-small.")
+    size: int = Field(ge=0, le=MAX_POOL_SIZE, description="Ready sandboxes to keep.")
+    ttl_seconds: int | None = Field(
+        default=None,
+        ge=60,
+        description="How long a pooled sandbox waits unclaimed before it is replaced "
+        "(default: the service's sandbox TTL, else one hour).",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not SANDBOX_ID_RE.match(v):
+            raise ValueError(
+                f"pool name {v!r} is not a DNS label: use 1-63 lowercase letters, digits "
+                "and '-', starting and ending with a letter or digit"
+            )
+        return v
+
+
+class PoolResizeRequest(BaseModel):
+    """``PATCH /pools/{name}`` (admin)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    size: int = Field(ge=0, le=MAX_POOL_SIZE)
+
+
+class PoolInfo(BaseModel):
+    name: str
+    image: str
+    block_network: bool
+    cpu: str
+    memory: str
+    env: dict[str, str]
+    workdir: str
+    size: int
+    ttl_seconds: int
+    ready: int = Field(description="Sandboxes ready to be claimed now.")
+    starting: int = Field(description="Sandboxes being made to refill the pool.")
+    error: str | None = Field(
+        default=None, description="Why the last refill could not start a sandbox, if it failed."
+    )
+    created_at: Timestamp
+
+
+class PoolList(BaseModel):
+    pools: list[PoolInfo]
+
+
 # --- errors ----------------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from orchard_env.protocol import (
     JobStatus,
     KeyInfo,
     KeyQuota,
+    PoolInfo,
     SandboxInfo,
     SandboxStatus,
     Snapshot,
@@ -72,6 +73,8 @@ class SandboxRecord(BaseModel):
     backend: str = ""
     agent: AgentEndpoint | None = None
     source_snapshot: str | None = None
+    # The warm pool it waits in, until a create claims it (then None: an ordinary sandbox).
+    pool: str | None = None
 
     @property
     def live(self) -> bool:
@@ -270,3 +273,52 @@ class SnapshotRecord(BaseModel):
             expires_at=None if self.deleted else self.expires_at(),
             deleted_at=self.deleted_at,
         )
+
+
+class PoolRecord(BaseModel):
+    """A warm pool: the spec its sandboxes are made with and how many to keep ready."""
+
+    name: str
+    image: str
+    cpu: float
+    memory_bytes: int
+    block_network: bool
+    workdir: str
+    env: dict[str, str] = Field(default_factory=dict)
+    size: int
+    ttl_seconds: int
+    created_at: datetime
+
+    def spec_key(self) -> tuple[object, ...]:
+        return pool_key(
+            self.image, self.cpu, self.memory_bytes, self.block_network, self.workdir, self.env
+        )
+
+    def to_info(self, *, ready: int, starting: int, error: str | None) -> PoolInfo:
+        return PoolInfo(
+            name=self.name,
+            image=self.image,
+            block_network=self.block_network,
+            cpu=f"{self.cpu:g}",
+            memory=format_memory(self.memory_bytes),
+            env=self.env,
+            workdir=self.workdir,
+            size=self.size,
+            ttl_seconds=self.ttl_seconds,
+            ready=ready,
+            starting=starting,
+            error=error,
+            created_at=self.created_at,
+        )
+
+
+def pool_key(
+    image: str,
+    cpu: float,
+    memory_bytes: int,
+    block_network: bool,
+    workdir: str,
+    env: dict[str, str],
+) -> tuple[object, ...]:
+    """What a create request and a pool must agree on for the pool to serve it."""
+    return (image, cpu, memory_bytes, block_network, workdir, tuple(sorted(env.items())))

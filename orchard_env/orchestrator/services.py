@@ -12,6 +12,7 @@ from orchard_env.orchestrator.backends.base import Backend
 from orchard_env.orchestrator.files import FileService
 from orchard_env.orchestrator.health import AgentHealth
 from orchard_env.orchestrator.jobs import JobService
+from orchard_env.orchestrator.pools import PoolService
 from orchard_env.orchestrator.reaper import Reaper
 from orchard_env.orchestrator.revocation import KeySessions
 from orchard_env.orchestrator.sandboxes import SandboxService
@@ -28,6 +29,7 @@ class Orchard:
     sandboxes: SandboxService
     jobs: JobService
     snapshots: SnapshotService
+    pools: PoolService
     files: FileService
     health: AgentHealth
     reaper: Reaper
@@ -48,6 +50,7 @@ class Orchard:
         sessions = KeySessions(store)
         jobs = JobService(settings, store, sandboxes, agents, health, sessions, clock)
         snapshots = SnapshotService(settings, store, backend, sandboxes, clock)
+        pools = PoolService(settings, store, sandboxes, clock)
         return cls(
             settings=settings,
             store=store,
@@ -56,20 +59,25 @@ class Orchard:
             sandboxes=sandboxes,
             jobs=jobs,
             snapshots=snapshots,
+            pools=pools,
             files=FileService(sandboxes, agents),
             health=health,
-            reaper=Reaper(settings, store, sandboxes, snapshots, health, clock),
+            reaper=Reaper(settings, store, sandboxes, snapshots, health, pools, clock),
             sessions=sessions,
             clock=clock,
         )
 
     async def start(self) -> None:
-        """Adopt what runs, fail what is gone, then pick up unfinished jobs."""
+        """Adopt what runs, fail what is gone, refill the warm pools, then pick up unfinished
+        jobs."""
         await self.sandboxes.reconcile()
+        await self.pools.start()
         await self.jobs.resume()
 
     async def stop(self) -> None:
-        """Stop following jobs and probes; the sandboxes and their commands keep running."""
+        """Stop following jobs and probes and filling pools; the sandboxes and their commands
+        keep running."""
+        await self.pools.close()
         await self.sessions.close()
         await self.jobs.close()
         await self.sandboxes.close()

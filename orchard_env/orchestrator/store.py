@@ -25,6 +25,7 @@ from orchard_env.errors import ConfigError
 from orchard_env.orchestrator.records import (
     JobRecord,
     KeyRecord,
+    PoolRecord,
     SandboxRecord,
     SnapshotRecord,
     UsageRow,
@@ -64,9 +65,16 @@ class Store(Protocol):
         status: SandboxStatus | None = None,
         after: tuple[datetime, str] | None = None,
         limit: int | None = None,
+        pooled: bool | str = False,
     ) -> list[SandboxRecord]:
         """Newest first (then by id); ``owner`` None means every owner. A page: at most
-        ``limit`` records, those after the ``(created_at, id)`` position ``after``."""
+        ``limit`` records, those after the ``(created_at, id)`` position ``after``.
+        ``pooled``: False leaves out the sandboxes waiting in a warm pool, True includes them,
+        a pool's name gives only its."""
+        ...
+
+    async def first_pooled(self, pool: str) -> SandboxRecord | None:
+        """The ready sandbox that has waited longest in ``pool``, if any."""
         ...
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
@@ -74,6 +82,21 @@ class Store(Protocol):
         ...
 
     async def purge_sandboxes(self, ended_before: datetime) -> int: ...
+
+    # warm pools
+    async def insert_pool(self, record: PoolRecord) -> bool:
+        """Add a pool; False if one has that name."""
+        ...
+
+    async def put_pool(self, record: PoolRecord) -> None: ...
+
+    async def get_pool(self, name: str) -> PoolRecord | None: ...
+
+    async def list_pools(self) -> list[PoolRecord]:
+        """By name."""
+        ...
+
+    async def delete_pool(self, name: str) -> None: ...
 
     # jobs
     async def insert_job(self, record: JobRecord) -> tuple[JobRecord, bool]:
@@ -255,6 +278,16 @@ _MIGRATIONS: tuple[str, ...] = (
     # 5: per-key quotas (JSON of KeyQuota)
     """
     ALTER TABLE api_keys ADD COLUMN quota TEXT NOT NULL DEFAULT '{}';
+    """,
+    # 6: warm pools; a pooled sandbox's row names its pool until it is claimed
+    """
+    CREATE TABLE pools (
+        name TEXT PRIMARY KEY,
+        created_at TEXT NOT NULL,
+        record TEXT NOT NULL
+    );
+    ALTER TABLE sandboxes ADD COLUMN pool TEXT;
+    CREATE INDEX sandboxes_pool ON sandboxes(pool);
     """,
 )
 
@@ -483,8 +516,8 @@ class SQLiteStore:
                 tx.execute("DELETE FROM jobs WHERE sandbox_id = ?", (record.sandbox_id,))
                 tx.execute("DELETE FROM sandboxes WHERE id = ?", (record.sandbox_id,))
             tx.execute(
-                "INSERT INTO sandboxes (id, owner, status, created_at, ended_at, record) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO sandboxes (id, owner, status, created_at, ended_at, pool, record) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 self._sandbox_params(record),
             )
         return True
@@ -497,6 +530,7 @@ class SQLiteStore:
             r.status.value,
             _ts(r.created_at),
             _opt_ts(r.ended_at),
+            r.pool,
             r.model_dump_json(),
         )
 
@@ -505,8 +539,8 @@ class SQLiteStore:
 
     def _put_sandbox(self, record: SandboxRecord) -> None:
         self._db.execute(
-            "INSERT OR REPLACE INTO sandboxes (id, owner, status, created_at, ended_at, record) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO sandboxes "
+            "(id, owner, status, created_at, ended_at, pool, record) VALUES (?, ?, ?, ?, ?, ?, ?)",
             self._sandbox_params(record),
         )
 
@@ -527,8 +561,11 @@ class SQLiteStore:
         status: SandboxStatus | None = None,
         after: tuple[datetime, str] | None = None,
         limit: int | None = None,
+        pooled: bool | str = False,
     ) -> list[SandboxRecord]:
-        return await self._call(self._list_sandboxes, owner, include_deleted, status, after, limit)
+        return await self._call(
+            self._list_sandboxes, owner, include_deleted, status, after, limit, pooled
+        )
 
     def _list_sandboxes(
         self,
@@ -537,6 +574,7 @@ class SQLiteStore:
         status: SandboxStatus | None,
         after: tuple[datetime, str] | None,
         limit: int | None,
+        pooled: bool | str,
     ) -> list[SandboxRecord]:
         clauses: list[str] = []
         params: list[object] = []
@@ -549,6 +587,11 @@ class SQLiteStore:
         elif not include_deleted:
             clauses.append("status != ?")
             params.append(SandboxStatus.DELETED.value)
+        if pooled is False:
+            clauses.append("pool IS NULL")
+        elif pooled is not True:
+            clauses.append("pool = ?")
+            params.append(pooled)
         if after is not None:
             clauses.append("(created_at < ? OR (created_at = ? AND id > ?))")
             params.extend((_ts(after[0]), _ts(after[0]), after[1]))
@@ -559,6 +602,17 @@ class SQLiteStore:
             params,
         ).fetchall()
         return _parse_all(SandboxRecord, rows, "sandbox")
+
+    async def first_pooled(self, pool: str) -> SandboxRecord | None:
+        return await self._call(self._first_pooled, pool)
+
+    def _first_pooled(self, pool: str) -> SandboxRecord | None:
+        row = self._db.execute(
+            "SELECT record FROM sandboxes WHERE pool = ? AND status = ? "
+            "ORDER BY created_at, id LIMIT 1",
+            (pool, SandboxStatus.READY.value),
+        ).fetchone()
+        return None if row is None else _parse(SandboxRecord, row["record"], "sandbox")
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
         await self._call(self._remove_sandbox, sandbox_id)
@@ -586,6 +640,41 @@ class SQLiteStore:
                 tx.execute("DELETE FROM jobs WHERE sandbox_id = ?", (sandbox_id,))
                 tx.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
         return len(ids)
+
+    # -- warm pools --
+
+    async def insert_pool(self, record: PoolRecord) -> bool:
+        return await self._call(self._write_pool, "OR IGNORE", record)
+
+    async def put_pool(self, record: PoolRecord) -> None:
+        await self._call(self._write_pool, "OR REPLACE", record)
+
+    def _write_pool(self, verb: str, record: PoolRecord) -> bool:
+        cursor = self._db.execute(
+            f"INSERT {verb} INTO pools (name, created_at, record) VALUES (?, ?, ?)",  # noqa: S608
+            (record.name, _ts(record.created_at), record.model_dump_json()),
+        )
+        return cursor.rowcount == 1
+
+    async def get_pool(self, name: str) -> PoolRecord | None:
+        return await self._call(self._get_pool, name)
+
+    def _get_pool(self, name: str) -> PoolRecord | None:
+        row = self._db.execute("SELECT record FROM pools WHERE name = ?", (name,)).fetchone()
+        return None if row is None else _parse(PoolRecord, row["record"], "pool")
+
+    async def list_pools(self) -> list[PoolRecord]:
+        return await self._call(self._list_pools)
+
+    def _list_pools(self) -> list[PoolRecord]:
+        rows = self._db.execute("SELECT record FROM pools ORDER BY name").fetchall()
+        return _parse_all(PoolRecord, rows, "pool")
+
+    async def delete_pool(self, name: str) -> None:
+        await self._call(self._delete_pool, name)
+
+    def _delete_pool(self, name: str) -> None:
+        self._db.execute("DELETE FROM pools WHERE name = ?", (name,))
 
     # -- jobs --
 

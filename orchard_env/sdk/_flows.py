@@ -133,7 +133,7 @@ def create_sandbox(
     else:
         info = protocol.SandboxInfo.model_validate(json_body(response))
     core.track(info.sandbox_id)
-    if not wait_ready:
+    if not wait_ready or info.status is protocol.SandboxStatus.READY:  # e.g. from a warm pool
         return info
     try:
         return (
@@ -677,6 +677,71 @@ def list_keys(core: ClientCore) -> Flow[list[protocol.KeyInfo]]:
 def revoke_key(core: ClientCore, key_id: str) -> Flow[protocol.KeyInfo]:
     data = yield from call(core, Send("DELETE", f"/keys/{seg(key_id)}"))
     return protocol.KeyInfo.model_validate(data)
+
+
+# --- warm pools (admin) -------------------------------------------------------------------
+
+
+def _pool(name: str) -> str:
+    return f"/pools/{seg(name)}"
+
+
+def create_pool(
+    core: ClientCore,
+    name: str,
+    image: str,
+    size: int,
+    *,
+    block_network: bool,
+    cpu: str | float | None,
+    memory: str | int | None,
+    env: Mapping[str, str] | None,
+    workdir: str | None,
+    ttl_seconds: int | None,
+) -> Flow[protocol.PoolInfo]:
+    request = build(
+        protocol.PoolCreateRequest,
+        name=name,
+        image=image,
+        size=size,
+        block_network=block_network,
+        cpu=cpu,
+        memory=memory,
+        env=dict(env or {}),
+        workdir=workdir,
+        ttl_seconds=ttl_seconds,
+    )
+    data = yield from call(
+        core,
+        Send(
+            "POST",
+            "/pools",
+            json=request.model_dump(mode="json", exclude_none=True),
+            retry=Retry.UNSENT_ONLY,
+        ),
+    )
+    return protocol.PoolInfo.model_validate(data)
+
+
+def list_pools(core: ClientCore) -> Flow[list[protocol.PoolInfo]]:
+    data = yield from call(core, Send("GET", "/pools"))
+    return protocol.PoolList.model_validate(data).pools
+
+
+def get_pool(core: ClientCore, name: str) -> Flow[protocol.PoolInfo]:
+    data = yield from call(core, Send("GET", _pool(name)))
+    return protocol.PoolInfo.model_validate(data)
+
+
+def resize_pool(core: ClientCore, name: str, size: int) -> Flow[protocol.PoolInfo]:
+    request = build(protocol.PoolResizeRequest, size=size)
+    data = yield from call(core, Send("PATCH", _pool(name), json=request.model_dump(mode="json")))
+    return protocol.PoolInfo.model_validate(data)
+
+
+def delete_pool(core: ClientCore, name: str) -> Flow[protocol.PoolInfo]:
+    data = yield from call(core, Send("DELETE", _pool(name)))
+    return protocol.PoolInfo.model_validate(data)
 
 
 # --- snapshots, restore and fork ----------------------------------------------------------

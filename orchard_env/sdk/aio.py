@@ -44,7 +44,9 @@ from orchard_env.sdk.results import ExecResult, FileEntry, Health, PatchResult, 
 logger = logging.getLogger("orchard_env.sdk")
 
 _T = TypeVar("_T")
-_LIMITS = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+# Creates and ready-waits hold a connection for as long as the service takes to start the
+# sandbox: a lower cap than the tasks a caller runs at once queues their commands behind them.
+_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
 
 
 class AsyncSandboxClient(ClientView):
@@ -248,6 +250,55 @@ class AsyncSandboxClient(ClientView):
 
     async def revoke_key(self, key_id: str) -> protocol.KeyInfo:
         return await self._run(flows.revoke_key(self._core, key_id))
+
+    # --- warm pools (admin) ------------------------------------------------------------------
+
+    async def create_pool(
+        self,
+        name: str,
+        image: str,
+        size: int,
+        *,
+        block_network: bool = True,
+        cpu: str | float | None = None,
+        memory: str | int | None = None,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        ttl_seconds: int | None = None,
+    ) -> protocol.PoolInfo:
+        """Keep ``size`` sandboxes of this spec ready (admin only): a ``create_sandbox`` with
+        the same image, cpu, memory, network, env and workdir, and no ``sandbox_id``, takes one.
+        ``ttl_seconds``: how long one waits unclaimed before it is replaced."""
+        return await self._run(
+            flows.create_pool(
+                self._core,
+                name,
+                image,
+                size,
+                block_network=block_network,
+                cpu=cpu,
+                memory=memory,
+                env=env,
+                workdir=workdir,
+                ttl_seconds=ttl_seconds,
+            )
+        )
+
+    async def list_pools(self) -> list[protocol.PoolInfo]:
+        """Every warm pool, by name, with how many sandboxes are ready and starting (admin)."""
+        return await self._run(flows.list_pools(self._core))
+
+    async def get_pool(self, name: str) -> protocol.PoolInfo:
+        """One warm pool: its spec, size, ready and starting counts, last refill error (admin)."""
+        return await self._run(flows.get_pool(self._core, name))
+
+    async def resize_pool(self, name: str, size: int) -> protocol.PoolInfo:
+        """Grow or shrink a pool (admin): shrinking removes waiting sandboxes, not claimed ones."""
+        return await self._run(flows.resize_pool(self._core, name, size))
+
+    async def delete_pool(self, name: str) -> protocol.PoolInfo:
+        """Remove the pool and the sandboxes waiting in it (claimed ones stay their owners')."""
+        return await self._run(flows.delete_pool(self._core, name))
 
     # --- lifecycle ---------------------------------------------------------------------------
 

@@ -284,6 +284,55 @@ class SandboxClient(ClientView):
         """Revoke a key: requests with it are refused from now on (admin)."""
         return self._run(flows.revoke_key(self._core, key_id))
 
+    # --- warm pools (admin) ------------------------------------------------------------------
+
+    def create_pool(
+        self,
+        name: str,
+        image: str,
+        size: int,
+        *,
+        block_network: bool = True,
+        cpu: str | float | None = None,
+        memory: str | int | None = None,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        ttl_seconds: int | None = None,
+    ) -> protocol.PoolInfo:
+        """Keep ``size`` sandboxes of this spec ready (admin only): a ``create_sandbox`` with
+        the same image, cpu, memory, network, env and workdir, and no ``sandbox_id``, takes one.
+        ``ttl_seconds``: how long one waits unclaimed before it is replaced."""
+        return self._run(
+            flows.create_pool(
+                self._core,
+                name,
+                image,
+                size,
+                block_network=block_network,
+                cpu=cpu,
+                memory=memory,
+                env=env,
+                workdir=workdir,
+                ttl_seconds=ttl_seconds,
+            )
+        )
+
+    def list_pools(self) -> list[protocol.PoolInfo]:
+        """Every warm pool, by name, with how many sandboxes are ready and starting (admin)."""
+        return self._run(flows.list_pools(self._core))
+
+    def get_pool(self, name: str) -> protocol.PoolInfo:
+        """One warm pool: its spec, size, ready and starting counts, last refill error (admin)."""
+        return self._run(flows.get_pool(self._core, name))
+
+    def resize_pool(self, name: str, size: int) -> protocol.PoolInfo:
+        """Grow or shrink a pool (admin): shrinking removes waiting sandboxes, not claimed ones."""
+        return self._run(flows.resize_pool(self._core, name, size))
+
+    def delete_pool(self, name: str) -> protocol.PoolInfo:
+        """Remove the pool and the sandboxes waiting in it (claimed ones stay their owners')."""
+        return self._run(flows.delete_pool(self._core, name))
+
     # --- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:

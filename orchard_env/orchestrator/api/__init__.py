@@ -9,6 +9,7 @@ from orchard_env.orchestrator.api import (
     health,
     jobs,
     keys,
+    pools,
     pty,
     sandboxes,
     snapshots,
@@ -18,6 +19,6 @@ from orchard_env.orchestrator.api import (
 
 def router() -> APIRouter:
     root = APIRouter()
-    for module in (health, sandboxes, snapshots, jobs, files, pty, keys, usage):
+    for module in (health, sandboxes, snapshots, jobs, files, pty, keys, pools, usage):
         root.include_router(module.router)
     return root
