@@ -43,13 +43,15 @@ from orchard_env.orchestrator.backends.base import (
     SandboxState,
     not_your_snapshot,
 )
+from orchard_env.orchestrator.gateway.proxy import ModelGateway
 from orchard_env.orchestrator.logs import isolated
-from orchard_env.orchestrator.records import LIVE_STATUSES, SandboxRecord
+from orchard_env.orchestrator.records import LIVE_STATUSES, GatewayRecord, SandboxRecord
 from orchard_env.orchestrator.store import Store
 from orchard_env.protocol import (
     CreateSandboxRequest,
     DeleteResponse,
     HeartbeatResponse,
+    ModelGatewaySpec,
     SandboxInfo,
     SandboxList,
     SandboxStatus,
@@ -112,7 +114,9 @@ class SandboxService:
         backend: Backend,
         agents: AgentPool,
         clock: Clock,
+        gateway: ModelGateway,
     ) -> None:
+        self.gateway = gateway
         self.settings = settings
         self.store = store
         self.backend = backend
@@ -329,6 +333,7 @@ class SandboxService:
             last_activity_at=now,
             backend=self.backend.name,
             source_snapshot=source_snapshot,
+            model_gateway=self._gateway_record(request.model_gateway),
         )
         if sandbox_id in self._creating:
             raise self._exists(sandbox_id)
@@ -340,6 +345,8 @@ class SandboxService:
                     raise self._exists(sandbox_id)
             await self.store.open_usage(record.usage_row(record.created_at))
             found = await self._create_container(record)
+            if record.model_gateway is not None:
+                await self.gateway.attach(sandbox_id, record.model_gateway)
             record = await self._started(record, found)
         finally:
             self._creating.discard(sandbox_id)
@@ -348,6 +355,53 @@ class SandboxService:
             extra={"sandbox_id": sandbox_id, "image": record.image, "owner": record.owner},
         )
         return record.to_info(self.settings)
+
+    def _gateway_record(self, spec: ModelGatewaySpec | None) -> GatewayRecord | None:
+        if spec is None:
+            return None
+        if self.backend.name != "docker":
+            raise InvalidRequest(
+                f"model_gateway: not available on the {self.backend.name} backend yet",
+                hint="leave model_gateway out, or use the local engine backend",
+            )
+        endpoints = self.gateway.endpoints
+        openai = endpoints.pick("openai", spec.openai)
+        anthropic = endpoints.pick("anthropic", spec.anthropic)
+        if openai is None and anthropic is None:
+            raise InvalidRequest(
+                "model_gateway: the service has no model endpoint to forward to",
+                hint="configure endpoints in the file of the model_endpoints_file setting "
+                "(see docs/harnesses.md)",
+            )
+        return GatewayRecord(
+            openai=None if openai is None else openai.name,
+            anthropic=None if anthropic is None else anthropic.name,
+            model=spec.model or (openai.model if openai else None),
+            anthropic_model=spec.model or (anthropic.model if anthropic else None),
+            trajectory_id=spec.trajectory_id or "default",
+            max_calls=spec.max_calls,
+            max_tokens=spec.max_tokens,
+            dummy_key="orchard-" + secrets.token_hex(16),
+        )
+
+    async def set_trajectory(
+        self, sandbox_id: str, caller: Caller, trajectory_id: str
+    ) -> SandboxInfo:
+        """Send the sandbox's next model calls (those without a /t/<traj> prefix) to
+        ``trajectory_id``."""
+        record = await self.get_record(sandbox_id, caller)
+        self._require_live(record)
+        if record.model_gateway is None:
+            raise InvalidRequest(
+                f"sandbox {sandbox_id} has no model gateway",
+                hint="create it with model_gateway set (see docs/harnesses.md)",
+            )
+        config = record.model_gateway.model_copy(update={"trajectory_id": trajectory_id})
+        updated = await self._transition(sandbox_id, LIVE_STATUSES, model_gateway=config)
+        if updated is None:
+            raise InvalidRequest(f"sandbox {sandbox_id} ended meanwhile")
+        self.gateway.set_trajectory(sandbox_id, config)
+        return updated.to_info(self.settings)
 
     async def _own_snapshot(self, image: str, caller: Caller) -> str:
         """The id of the caller's live snapshot whose image is ``image``; else 404, the same
@@ -612,6 +666,7 @@ class SandboxService:
                 extra={"sandbox_id": sandbox_id, "error": str(exc)},
             )
         await self.agents.drop(sandbox_id)
+        await self.gateway.detach(sandbox_id)
         await self.store.close_usage(sandbox_id, now)
         self._touched.pop(sandbox_id, None)
         return record
@@ -690,6 +745,8 @@ class SandboxService:
             return
         if found.agent is not None and found.agent != record.agent:
             await self._transition(record.sandbox_id, LIVE_STATUSES, agent=found.agent)
+        if record.model_gateway is not None:
+            await self.gateway.attach(record.sandbox_id, record.model_gateway)
         if record.status != SandboxStatus.READY:
             self._start_readiness(record.sandbox_id, self.settings.ready_timeout_seconds)
 

@@ -9,6 +9,7 @@ from orchard_env.orchestrator.api import (
     health,
     jobs,
     keys,
+    model_calls,
     pty,
     sandboxes,
     snapshots,
@@ -18,6 +19,6 @@ from orchard_env.orchestrator.api import (
 
 def router() -> APIRouter:
     root = APIRouter()
-    for module in (health, sandboxes, snapshots, jobs, files, pty, keys, usage):
+    for module in (health, sandboxes, snapshots, jobs, files, pty, keys, usage, model_calls):
         root.include_router(module.router)
     return root
