@@ -14,8 +14,9 @@ import httpx
 import pytest
 
 from orchard_env.config import ServiceSettings, service_settings
+from orchard_env.sdk import SandboxClient
 from tests.gateway.fake_model import FakeModel, running
-from tests.servers import live_service
+from tests.servers import Live, live_service
 
 pytestmark = pytest.mark.engine
 
@@ -42,6 +43,7 @@ def settings(
         'key_env = "FAKE_MODEL_KEY"\nmodel = "fake-model"\n'
         f'[endpoints.fake-anthropic]\napi = "anthropic"\nbase_url = "{model.url}"\n'
         'key_env = "FAKE_MODEL_KEY"\n'
+        '[endpoints.down]\napi = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n'
     )
     monkeypatch.setenv("FAKE_MODEL_KEY", model.key)
     return service_settings(
@@ -53,12 +55,15 @@ def settings(
 
 
 @pytest.fixture
-def http(settings: ServiceSettings) -> Iterator[httpx.Client]:
-    with (
-        live_service(settings, key_name="gateway") as (url, key),
-        httpx.Client(base_url=url, headers={"X-API-Key": key}, timeout=120) as client,
-    ):
-        yield client
+def live(settings: ServiceSettings) -> Iterator[Live]:
+    with live_service(settings, key_name="gateway") as service:
+        yield service
+
+
+@pytest.fixture
+def http(live: Live) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=live.url, headers={"X-API-Key": live.api_key}, timeout=120) as c:
+        yield c
 
 
 def create(http: httpx.Client, image: str, **gateway: Any) -> str:
@@ -156,3 +161,102 @@ def test_three_apis_through_the_gateway(
     assert {
         s.headers.get("authorization") or s.headers.get("x-api-key") for s in model.requests
     } <= {f"Bearer {model.key}", model.key}
+
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS_CHAT}
+
+
+def test_no_network_and_no_real_key_in_the_sandbox(
+    http: httpx.Client, sandbox_image: str, model: FakeModel
+) -> None:
+    sandbox_id = create(http, sandbox_image, max_calls=3)
+    assert run(http, sandbox_id, "ls /sys/class/net")["stdout"].split() == ["lo"]
+    looked = run(
+        http,
+        sandbox_id,
+        "cat /proc/*/environ /tmp/orchard-harness/*/* /run/orchard/* 2>/dev/null | tr '\\0' '\\n';"
+        "cat /tmp/orchard-harness/codex/config.toml",
+    )["stdout"]
+    assert model.key not in looked
+    assert 'base_url = "http://127.0.0.1:4000/v1"' in looked
+    outside = run(http, sandbox_id, "curl -sS -m 5 http://1.1.1.1/ 2>&1; echo rc=$?")
+    assert "rc=0" not in outside["stdout"]
+    # The budget: 3 calls, then a clear 403 to the harness.
+    out = run(
+        http,
+        sandbox_id,
+        "for i in 1 2 3 4; do "
+        + curl("/v1/chat/completions", CHAT)
+        + " -o /dev/null -w '%{http_code} '; done",
+    )
+    assert out["stdout"].split() == ["200", "200", "200", "403"]
+
+
+def test_sixteen_concurrent_calls_and_hostile_clients(
+    http: httpx.Client, sandbox_image: str
+) -> None:
+    sandbox_id = create(http, sandbox_image)
+    hostile = """
+import socket
+def send(data):
+    s = socket.create_connection(("127.0.0.1", 4000))
+    s.sendall(data)
+    s.settimeout(20)
+    answer = s.recv(100)
+    s.close()
+    return answer.split(b" ")[1].decode() if answer else "closed"
+held = [socket.create_connection(("127.0.0.1", 4000)) for _ in range(300)]
+print(send(b"GET /v1/models HTTP/1.1\\r\\n\\r\\n"))
+for s in held:
+    s.close()
+print(send(bytes(range(256)) * 40))
+print(send(b"GET /v1/models HTTP/1.1\\r\\nx: " + b"a" * 200000 + b"\\r\\n\\r\\n"))
+print(send(b"GET http://169.254.169.254/ HTTP/1.1\\r\\n\\r\\n"))
+"""
+    out = run(http, sandbox_id, f"python3 -c {shlex.quote(hostile)}")
+    assert out["stdout"].split() == ["503", "400", "431", "400"], out
+    calls_16 = " ".join(
+        f"({curl('/t/par/v1/chat/completions', {**CHAT, 'stream': True})} > out{i}.txt) &"
+        for i in range(16)
+    )
+    out = run(http, sandbox_id, calls_16 + " wait; cat out*.txt | grep -c 'data: \\[DONE\\]'")
+    assert out["stdout"].strip() == "16", out
+    seqs = sorted(c["seq"] for c in calls(http, sandbox_id, trajectory_id="par"))
+    assert seqs == list(range(1, 17))
+
+
+def test_trajectories_change_and_survive_a_restart(
+    settings: ServiceSettings, sandbox_image: str, model: FakeModel
+) -> None:
+    with live_service(settings, key_name="first") as (url, key):
+        with httpx.Client(base_url=url, headers={"X-API-Key": key}, timeout=120) as http:
+            sandbox_id = create(http, sandbox_image, trajectory_id="ep-1")
+            run(http, sandbox_id, curl("/v1/responses", {"model": "m", "input": "x"}))
+        with SandboxClient(base_url=url, api_key=key) as client:
+            sandbox = client.get_sandbox(sandbox_id)
+            sandbox.set_trajectory("ep-2")
+            assert sandbox.info.model_gateway is not None
+            assert sandbox.info.model_gateway.trajectory_id == "ep-2"
+    with live_service(settings, key_name="second") as (url, key):
+        with httpx.Client(base_url=url, headers={"X-API-Key": key}, timeout=120) as http:
+            run(http, sandbox_id, curl("/v1/responses", {"model": "m", "input": "x"}))
+            run(http, sandbox_id, curl("/v1/responses", {"model": "m", "input": "x"}))
+            lines = http.get(f"/sandboxes/{sandbox_id}/model-calls/stream").text.splitlines()
+            assert [
+                (json.loads(line)["trajectory_id"], json.loads(line)["seq"]) for line in lines
+            ] == [("ep-1", 1), ("ep-2", 1), ("ep-2", 2)]
+        with SandboxClient(base_url=url, api_key=key) as client:
+            sandbox = client.get_sandbox(sandbox_id)
+            summary = {t.trajectory_id: t.calls for t in sandbox.trajectories()}
+            assert summary == {"ep-1": 1, "ep-2": 2}
+            assert [c["seq"] for c in sandbox.model_calls("ep-2")] == [1, 2]
+            client.delete_sandbox(sandbox_id)
+
+
+def test_an_unreachable_endpoint_is_a_clear_502(http: httpx.Client, sandbox_image: str) -> None:
+    sandbox_id = create(http, sandbox_image, openai="down")
+    out = run(http, sandbox_id, curl("/v1/chat/completions", CHAT) + " -w ' %{http_code}'")
+    assert out["stdout"].endswith(" 502"), out
+    assert "the model endpoint 'down' is unreachable" in out["stdout"]
+    [record] = calls(http, sandbox_id)
+    assert record["status"] == 502 and record["upstream"] == "down"

@@ -49,11 +49,18 @@ class Request:
         return "close" not in connection
 
 
+async def _line(reader: asyncio.StreamReader, status: int, what: str) -> bytes:
+    try:
+        return await reader.readline()
+    except ValueError:  # the stream's limit: a line longer than MAX_LINE
+        raise BadRequest(status, f"{what} is over {MAX_LINE} bytes") from None
+
+
 async def read_request(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> Request | None:
     """The next request, None at a clean end of the connection (or a keep-alive one idle)."""
-    first = await reader.readline()
+    first = await _line(reader, 414, "the request line")
     if not first:
         return None
     try:
@@ -80,7 +87,7 @@ async def _read_rest(
     headers: list[tuple[str, str]] = []
     size = 0
     while True:
-        line = await asyncio.wait_for(reader.readline(), HEAD_TIMEOUT)
+        line = await asyncio.wait_for(_line(reader, 431, "a header line"), HEAD_TIMEOUT)
         size += len(line)
         if not line.endswith(b"\n") or size > MAX_HEADERS_BYTES or len(headers) >= MAX_HEADERS:
             raise BadRequest(431, f"headers over {MAX_HEADERS_BYTES} bytes or {MAX_HEADERS} lines")
@@ -117,7 +124,7 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
     parts: list[bytes] = []
     total = 0
     while True:
-        line = await reader.readline()
+        line = await _line(reader, 400, "a chunk size line")
         size_text = line.split(b";", 1)[0].strip()
         try:
             size = int(size_text, 16)
@@ -127,7 +134,7 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
         if size < 0 or total > MAX_BODY:
             raise BadRequest(413, f"the request body is over {MAX_BODY} bytes")
         if size == 0:
-            while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+            while (await _line(reader, 431, "a trailer")) not in (b"\r\n", b"\n", b""):
                 pass  # trailers, dropped
             return b"".join(parts)
         data = await reader.readexactly(size + 2)
