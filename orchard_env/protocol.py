@@ -370,6 +370,92 @@ SandboxPath = Annotated[
 SandboxId = Annotated[str, Field(json_schema_extra={"pattern": SANDBOX_ID_RE.pattern})]
 
 
+TRAJECTORY_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+TrajectoryId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=128,
+        json_schema_extra={"pattern": TRAJECTORY_ID_RE.pattern},
+        description="1-128 of A-Z a-z 0-9 . _ : -, starting with a letter or digit",
+    ),
+    AfterValidator(lambda v: _check_trajectory(v)),
+]
+
+
+def _check_trajectory(value: str) -> str:
+    if not TRAJECTORY_ID_RE.fullmatch(value):
+        raise ValueError(
+            f"trajectory_id {value[:60]!r}: use 1-128 of A-Z a-z 0-9 . _ : -, "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+class ModelGatewaySpec(RequestModel):
+    """``model_gateway`` of a create: a model gateway at ``127.0.0.1:4000`` in the sandbox,
+    forwarding to endpoints the service configured (by name; default: the service's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    openai: str | None = Field(
+        default=None, max_length=128, description="an OpenAI-compatible endpoint of the service"
+    )
+    anthropic: str | None = Field(
+        default=None, max_length=128, description="an Anthropic Messages endpoint of the service"
+    )
+    model: str | None = Field(
+        default=None, max_length=256, description="the model the harnesses are configured for"
+    )
+    trajectory_id: TrajectoryId | None = None
+    max_calls: int | None = Field(
+        default=None, ge=1, description="model calls the sandbox may make"
+    )
+    max_tokens: int | None = Field(
+        default=None, ge=1, description="input + output tokens the sandbox may use"
+    )
+
+
+class ModelGatewayInfo(BaseModel):
+    """A sandbox's gateway: its endpoints (by name), model, current trajectory and budget."""
+
+    openai: str | None = None
+    anthropic: str | None = None
+    model: str | None = None
+    trajectory_id: str = "default"
+    max_calls: int | None = None
+    max_tokens: int | None = None
+    base_url: str = "http://127.0.0.1:4000"
+
+
+class TrajectoryRequest(RequestModel):
+    """``PUT /sandboxes/{id}/trajectory``: where the sandbox's next model calls go."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trajectory_id: TrajectoryId
+
+
+class TrajectorySummary(BaseModel):
+    trajectory_id: str
+    calls: int
+    first_at: str
+    last_at: str
+    input_tokens: int
+    output_tokens: int
+    errors: int
+
+
+class TrajectoryList(BaseModel):
+    trajectories: list[TrajectorySummary]
+
+
+class ModelCallList(BaseModel):
+    """Recorded model calls (``orchard.model_call/v1`` records), oldest first."""
+
+    calls: list[dict[str, Any]]
+
+
 class CreateSandboxRequest(RequestModel):
     """``POST /sandboxes``. Upstream fields first; ``timeout`` is upstream's readiness timeout."""
 
@@ -391,6 +477,11 @@ class CreateSandboxRequest(RequestModel):
         default=None,
         description="disk the sandbox may write, as a quantity (at least 32Mi); refused "
         "(400) where the backend cannot enforce it",
+    )
+    model_gateway: ModelGatewaySpec | None = Field(
+        default=None,
+        description="a model gateway in the sandbox (127.0.0.1:4000), its calls recorded; "
+        "{} for the service's default endpoints",
     )
 
     @field_validator("image")
@@ -456,6 +547,7 @@ class SandboxInfo(BaseModel):
     last_activity_at: Timestamp | None = None
     deleted_at: Timestamp | None = None
     source_snapshot: str | None = None
+    model_gateway: ModelGatewayInfo | None = None
 
 
 class SandboxList(BaseModel):

@@ -19,6 +19,7 @@ from orchard_env.protocol import (
     JobStatus,
     KeyInfo,
     KeyQuota,
+    ModelGatewayInfo,
     PoolInfo,
     SandboxInfo,
     SandboxStatus,
@@ -50,6 +51,30 @@ def later(start: datetime, seconds: float) -> datetime:
         return LATEST
 
 
+class GatewayRecord(BaseModel):
+    """A sandbox's model gateway: endpoint names (their keys live in the service's endpoints
+    file), the model, the current trajectory, the budget, and the dummy key it hands out."""
+
+    openai: str | None = None
+    anthropic: str | None = None
+    model: str | None = None
+    anthropic_model: str | None = None
+    trajectory_id: str = "default"
+    max_calls: int | None = None
+    max_tokens: int | None = None
+    dummy_key: str
+
+    def to_info(self) -> ModelGatewayInfo:
+        return ModelGatewayInfo(
+            openai=self.openai,
+            anthropic=self.anthropic,
+            model=self.model,
+            trajectory_id=self.trajectory_id,
+            max_calls=self.max_calls,
+            max_tokens=self.max_tokens,
+        )
+
+
 class SandboxRecord(BaseModel):
     sandbox_id: str
     image: str
@@ -75,6 +100,7 @@ class SandboxRecord(BaseModel):
     source_snapshot: str | None = None
     # The warm pool it waits in, until a create claims it (then None: an ordinary sandbox).
     pool: str | None = None
+    model_gateway: GatewayRecord | None = None
 
     @property
     def live(self) -> bool:
@@ -142,6 +168,7 @@ class SandboxRecord(BaseModel):
             last_activity_at=self.last_activity_at,
             deleted_at=self.deleted_at,
             source_snapshot=self.source_snapshot,
+            model_gateway=None if self.model_gateway is None else self.model_gateway.to_info(),
         )
 
 

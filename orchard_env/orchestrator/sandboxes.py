@@ -44,13 +44,21 @@ from orchard_env.orchestrator.backends.base import (
     SandboxState,
     not_your_snapshot,
 )
+from orchard_env.orchestrator.gateway.proxy import ModelGateway
 from orchard_env.orchestrator.logs import isolated
-from orchard_env.orchestrator.records import LIVE_STATUSES, PoolRecord, SandboxRecord, pool_key
+from orchard_env.orchestrator.records import (
+    LIVE_STATUSES,
+    GatewayRecord,
+    PoolRecord,
+    SandboxRecord,
+    pool_key,
+)
 from orchard_env.orchestrator.store import Store
 from orchard_env.protocol import (
     CreateSandboxRequest,
     DeleteResponse,
     HeartbeatResponse,
+    ModelGatewaySpec,
     SandboxInfo,
     SandboxList,
     SandboxStatus,
@@ -134,7 +142,9 @@ class SandboxService:
         backend: Backend,
         agents: AgentPool,
         clock: Clock,
+        gateway: ModelGateway,
     ) -> None:
+        self.gateway = gateway
         self.settings = settings
         self.store = store
         self.backend = backend
@@ -355,14 +365,15 @@ class SandboxService:
     ) -> SandboxInfo:
         """Start a sandbox (``source_snapshot``: restored from that snapshot, whose image
         ``request.image`` names); readiness follows in the background. A request a warm
-        pool serves (same spec, no ``sandbox_id`` or ``disk``) takes one of its ready
+        pool serves (same spec, no ``sandbox_id``, ``disk`` or model gateway) takes one of its ready
         sandboxes."""
         cpu, memory, disk = self._size(request)
         lifetimes = self._lifetimes(request)
         if source_snapshot is None and self.backend.is_snapshot_image(request.image):
             source_snapshot = await self._own_snapshot(request.image, caller)
         workdir = request.workdir or self.settings.default_workdir
-        if request.sandbox_id is None and source_snapshot is None and disk is None:
+        pooled = request.model_gateway is None  # a pooled agent was enrolled without one
+        if pooled and request.sandbox_id is None and source_snapshot is None and disk is None:
             key = pool_key(request.image, cpu, memory, request.block_network, workdir, request.env)
             pool = self.pools_by_spec.get(key)
             if pool is not None:
@@ -386,6 +397,7 @@ class SandboxService:
             backend=self.backend.name,
             source_snapshot=source_snapshot,
             **lifetimes,
+            model_gateway=self._gateway_record(request.model_gateway),
         )
         return (await self._launch(record, caller)).to_info(self.settings)
 
@@ -415,6 +427,8 @@ class SandboxService:
             if caller is not None:
                 await self.store.open_usage(record.usage_row(record.created_at))
             found = await self._create_container(record)
+            if record.model_gateway is not None:
+                await self.gateway.attach(sandbox_id, record.model_gateway)
             record = await self._started(record, found)
         finally:
             self._creating.discard(sandbox_id)
@@ -487,6 +501,53 @@ class SandboxService:
             },
         )
         return record
+
+    def _gateway_record(self, spec: ModelGatewaySpec | None) -> GatewayRecord | None:
+        if spec is None:
+            return None
+        if self.backend.name != "docker":
+            raise InvalidRequest(
+                f"model_gateway: not available on the {self.backend.name} backend yet",
+                hint="leave model_gateway out, or use the local engine backend",
+            )
+        endpoints = self.gateway.endpoints
+        openai = endpoints.pick("openai", spec.openai)
+        anthropic = endpoints.pick("anthropic", spec.anthropic)
+        if openai is None and anthropic is None:
+            raise InvalidRequest(
+                "model_gateway: the service has no model endpoint to forward to",
+                hint="configure endpoints in the file of the model_endpoints_file setting "
+                "(see docs/harnesses.md)",
+            )
+        return GatewayRecord(
+            openai=None if openai is None else openai.name,
+            anthropic=None if anthropic is None else anthropic.name,
+            model=spec.model or (openai.model if openai else None),
+            anthropic_model=spec.model or (anthropic.model if anthropic else None),
+            trajectory_id=spec.trajectory_id or "default",
+            max_calls=spec.max_calls,
+            max_tokens=spec.max_tokens,
+            dummy_key="orchard-" + secrets.token_hex(16),
+        )
+
+    async def set_trajectory(
+        self, sandbox_id: str, caller: Caller, trajectory_id: str
+    ) -> SandboxInfo:
+        """Send the sandbox's next model calls (those without a /t/<traj> prefix) to
+        ``trajectory_id``."""
+        record = await self.get_record(sandbox_id, caller)
+        self._require_live(record)
+        if record.model_gateway is None:
+            raise InvalidRequest(
+                f"sandbox {sandbox_id} has no model gateway",
+                hint="create it with model_gateway set (see docs/harnesses.md)",
+            )
+        config = record.model_gateway.model_copy(update={"trajectory_id": trajectory_id})
+        updated = await self._transition(sandbox_id, LIVE_STATUSES, model_gateway=config)
+        if updated is None:
+            raise InvalidRequest(f"sandbox {sandbox_id} ended meanwhile")
+        self.gateway.set_trajectory(sandbox_id, config)
+        return updated.to_info(self.settings)
 
     async def _own_snapshot(self, image: str, caller: Caller) -> str:
         """The id of the caller's live snapshot whose image is ``image``; else 404, the same
@@ -764,6 +825,7 @@ class SandboxService:
                 extra={"sandbox_id": sandbox_id, "error": str(exc)},
             )
         await self.agents.drop(sandbox_id)
+        await self.gateway.detach(sandbox_id)
         await self.store.close_usage(sandbox_id, now)
         self._touched.pop(sandbox_id, None)
         return record
@@ -842,6 +904,8 @@ class SandboxService:
             return
         if found.agent is not None and found.agent != record.agent:
             await self._transition(record.sandbox_id, LIVE_STATUSES, agent=found.agent)
+        if record.model_gateway is not None:
+            await self.gateway.attach(record.sandbox_id, record.model_gateway)
         if record.status != SandboxStatus.READY:
             self._start_readiness(record.sandbox_id, self.settings.ready_timeout_seconds)
 

@@ -10,6 +10,8 @@ from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.agents import AgentPool
 from orchard_env.orchestrator.backends.base import Backend
 from orchard_env.orchestrator.files import FileService
+from orchard_env.orchestrator.gateway.endpoints import load_endpoints
+from orchard_env.orchestrator.gateway.proxy import ModelGateway
 from orchard_env.orchestrator.health import AgentHealth
 from orchard_env.orchestrator.jobs import JobService
 from orchard_env.orchestrator.pools import PoolService
@@ -26,6 +28,7 @@ class Orchard:
     store: Store
     backend: Backend
     agents: AgentPool
+    gateway: ModelGateway
     sandboxes: SandboxService
     jobs: JobService
     snapshots: SnapshotService
@@ -45,7 +48,10 @@ class Orchard:
         clock: Callable[[], datetime],
     ) -> Orchard:
         agents = AgentPool()
-        sandboxes = SandboxService(settings, store, backend, agents, clock)
+        gateway = ModelGateway(
+            load_endpoints(settings.model_endpoints_file), store, settings.sandboxes_dir
+        )
+        sandboxes = SandboxService(settings, store, backend, agents, clock, gateway)
         health = AgentHealth(store, sandboxes, agents)
         sessions = KeySessions(store)
         jobs = JobService(settings, store, sandboxes, agents, health, sessions, clock)
@@ -56,6 +62,7 @@ class Orchard:
             store=store,
             backend=backend,
             agents=agents,
+            gateway=gateway,
             sandboxes=sandboxes,
             jobs=jobs,
             snapshots=snapshots,
@@ -83,3 +90,4 @@ class Orchard:
         await self.sandboxes.close()
         await self.health.close()
         await self.agents.close()
+        await self.gateway.close()

@@ -162,6 +162,26 @@ class Store(Protocol):
         that no other snapshot names as its parent."""
         ...
 
+    # model calls (purged with their sandbox)
+    async def insert_model_call(self, record: dict[str, Any]) -> None: ...
+
+    async def list_model_calls(
+        self,
+        sandbox_id: str,
+        *,
+        trajectory_id: str | None = None,
+        after: int = 0,
+        limit: int = 1000,
+    ) -> list[tuple[int, str]]:
+        """(cursor, record JSON) after the cursor ``after``, oldest first."""
+        ...
+
+    async def model_call_totals(self, sandbox_id: str) -> tuple[int, int, dict[str, int]]:
+        """(calls, tokens in + out, last seq per trajectory) of a sandbox."""
+        ...
+
+    async def list_trajectories(self, sandbox_id: str) -> list[dict[str, Any]]: ...
+
 
 # --- SQLite --------------------------------------------------------------------------------
 
@@ -288,6 +308,22 @@ _MIGRATIONS: tuple[str, ...] = (
     );
     ALTER TABLE sandboxes ADD COLUMN pool TEXT;
     CREATE INDEX sandboxes_pool ON sandboxes(pool);
+    """,
+    # 7: model calls through the gateway (JSON of orchard.model_call/v1 records)
+    """
+    CREATE TABLE model_calls (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        sandbox_id TEXT NOT NULL,
+        trajectory_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        started_at TEXT NOT NULL,
+        status INTEGER,
+        tokens_in INTEGER NOT NULL DEFAULT 0,
+        tokens_out INTEGER NOT NULL DEFAULT 0,
+        record TEXT NOT NULL
+    );
+    CREATE INDEX model_calls_sandbox ON model_calls(sandbox_id, id);
+    CREATE INDEX model_calls_trajectory ON model_calls(sandbox_id, trajectory_id, seq);
     """,
 )
 
@@ -514,6 +550,7 @@ class SQLiteStore:
                 if row["status"] != SandboxStatus.DELETED.value:
                     return False
                 tx.execute("DELETE FROM jobs WHERE sandbox_id = ?", (record.sandbox_id,))
+                tx.execute("DELETE FROM model_calls WHERE sandbox_id = ?", (record.sandbox_id,))
                 tx.execute("DELETE FROM sandboxes WHERE id = ?", (record.sandbox_id,))
             tx.execute(
                 "INSERT INTO sandboxes (id, owner, status, created_at, ended_at, pool, record) "
@@ -638,6 +675,7 @@ class SQLiteStore:
             ]
             for sandbox_id in ids:
                 tx.execute("DELETE FROM jobs WHERE sandbox_id = ?", (sandbox_id,))
+                tx.execute("DELETE FROM model_calls WHERE sandbox_id = ?", (sandbox_id,))
                 tx.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
         return len(ids)
 
@@ -910,6 +948,79 @@ class SQLiteStore:
             (_ts(deleted_before),),
         )
         return cursor.rowcount
+
+    # -- model calls --
+
+    async def insert_model_call(self, record: dict[str, Any]) -> None:
+        await self._call(self._insert_model_call, record)
+
+    def _insert_model_call(self, record: dict[str, Any]) -> None:
+        usage = record.get("usage") or {}
+        self._db.execute(
+            "INSERT INTO model_calls (sandbox_id, trajectory_id, seq, started_at, status, "
+            "tokens_in, tokens_out, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record["sandbox_id"],
+                record["trajectory_id"],
+                record["seq"],
+                record["started_at"],
+                record.get("status"),
+                int(usage.get("input_tokens") or 0),
+                int(usage.get("output_tokens") or 0),
+                json.dumps(record),
+            ),
+        )
+
+    async def list_model_calls(
+        self,
+        sandbox_id: str,
+        *,
+        trajectory_id: str | None = None,
+        after: int = 0,
+        limit: int = 1000,
+    ) -> list[tuple[int, str]]:
+        return await self._call(self._list_model_calls, sandbox_id, trajectory_id, after, limit)
+
+    def _list_model_calls(
+        self, sandbox_id: str, trajectory_id: str | None, after: int, limit: int
+    ) -> list[tuple[int, str]]:
+        where, params = "sandbox_id = ? AND id > ?", [sandbox_id, after]
+        if trajectory_id is not None:
+            where += " AND trajectory_id = ?"
+            params.append(trajectory_id)
+        rows = self._db.execute(
+            f"SELECT id, record FROM model_calls WHERE {where} ORDER BY id LIMIT ?",  # noqa: S608
+            [*params, limit],
+        ).fetchall()
+        return [(row["id"], row["record"]) for row in rows]
+
+    async def model_call_totals(self, sandbox_id: str) -> tuple[int, int, dict[str, int]]:
+        return await self._call(self._model_call_totals, sandbox_id)
+
+    def _model_call_totals(self, sandbox_id: str) -> tuple[int, int, dict[str, int]]:
+        rows = self._db.execute(
+            "SELECT trajectory_id, MAX(seq) AS seq, COUNT(*) AS n, "
+            "SUM(tokens_in + tokens_out) AS tokens FROM model_calls WHERE sandbox_id = ? "
+            "GROUP BY trajectory_id",
+            (sandbox_id,),
+        ).fetchall()
+        calls = sum(row["n"] for row in rows)
+        tokens = sum(row["tokens"] or 0 for row in rows)
+        return calls, tokens, {row["trajectory_id"]: row["seq"] for row in rows}
+
+    async def list_trajectories(self, sandbox_id: str) -> list[dict[str, Any]]:
+        return await self._call(self._list_trajectories, sandbox_id)
+
+    def _list_trajectories(self, sandbox_id: str) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT trajectory_id, COUNT(*) AS calls, MIN(started_at) AS first_at, "
+            "MAX(started_at) AS last_at, SUM(tokens_in) AS input_tokens, "
+            "SUM(tokens_out) AS output_tokens, "
+            "SUM(CASE WHEN status IS NULL OR status >= 400 THEN 1 ELSE 0 END) AS errors "
+            "FROM model_calls WHERE sandbox_id = ? GROUP BY trajectory_id ORDER BY MIN(id)",
+            (sandbox_id,),
+        ).fetchall()
+        return [dict(row) for row in rows]
 
 
 @asynccontextmanager

@@ -71,6 +71,7 @@ def create_request(
     workdir: str | None,
     ttl_seconds: int | None,
     idle_timeout_seconds: int | None,
+    model_gateway: Mapping[str, Any] | None = None,
 ) -> protocol.CreateSandboxRequest:
     return build(
         protocol.CreateSandboxRequest,
@@ -85,6 +86,7 @@ def create_request(
         workdir=workdir,
         ttl_seconds=ttl_seconds,
         idle_timeout_seconds=idle_timeout_seconds,
+        model_gateway=None if model_gateway is None else dict(model_gateway),
     )
 
 

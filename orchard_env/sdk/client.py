@@ -18,13 +18,14 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal, Self, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, cast, overload
 
 import httpx
 
 from orchard_env import errors, protocol
 from orchard_env.sdk import _cleanup
 from orchard_env.sdk import _flows as flows
+from orchard_env.sdk import _trajectories as trajectories
 from orchard_env.sdk._base import ClientCore, ClientView, Flow, Send, Sleep, transport_error
 from orchard_env.sdk._handle import (
     CHUNK,
@@ -121,6 +122,7 @@ class SandboxClient(ClientView):
         workdir: str | None = None,
         ttl_seconds: int | None = None,
         idle_timeout_seconds: int | None = None,
+        model_gateway: Mapping[str, Any] | None = None,
     ) -> Sandbox:
         """Create a sandbox and (``wait_ready``) wait until it runs; return its handle.
 
@@ -142,6 +144,7 @@ class SandboxClient(ClientView):
             workdir=workdir,
             ttl_seconds=ttl_seconds,
             idle_timeout_seconds=idle_timeout_seconds,
+            model_gateway=model_gateway,
         )
         info = self._run(
             flows.create_sandbox(
@@ -730,6 +733,24 @@ class Sandbox(SandboxBase):
     def mkdir(self, path: str) -> None:
         """Create a directory and its parents (no error if it exists)."""
         self._client._run(flows.mkdir(self._core, self.sandbox_id, path))
+
+    # --- model calls (see docs/harnesses.md) ----------------------------------------------
+
+    def model_calls(self, trajectory_id: str | None = None) -> list[dict[str, Any]]:
+        """The sandbox's recorded model calls (``orchard.model_call/v1``), oldest first."""
+        return self._client._run(
+            trajectories.model_calls(self._core, self.sandbox_id, trajectory_id)
+        )
+
+    def trajectories(self) -> list[protocol.TrajectorySummary]:
+        """Calls, tokens and errors per trajectory of the sandbox."""
+        return self._client._run(trajectories.trajectories(self._core, self.sandbox_id))
+
+    def set_trajectory(self, trajectory_id: str) -> None:
+        """Send the sandbox's next model calls to ``trajectory_id`` (a new episode)."""
+        self.info = self._client._run(
+            trajectories.set_trajectory(self._core, self.sandbox_id, trajectory_id)
+        )
 
     # --- liveness ----------------------------------------------------------------------------
 

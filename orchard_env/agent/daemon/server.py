@@ -44,6 +44,7 @@ class Agent:
         os.umask(self.umask)
         self.procs = Processes()
         self.jobs = JobTable(self.procs)
+        self.model_relay: asyncio.Server | None = None
 
     def shutdown(self) -> None:
         """Kill every running command and PTY session (the agent is stopping)."""
@@ -169,6 +170,10 @@ class Agent:
             raise invalid("key must be a non-empty string")
         self.check_auth(req, key.encode())
         req.check_body(proof.digest(raw))
+        if "model" in body:  # a model gateway: imported only for a sandbox that has one
+            from . import model
+
+            self.model_relay = await model.start(body["model"])
         self.key = key.encode()
         self.base_env = {**self.base_env, **env}
         log("enrolled")
