@@ -26,7 +26,7 @@ from .http import (
     string_map,
 )
 from .jobs import DEFAULT_MAX_OUTPUT, Job, JobTable
-from .procs import Processes, command_env, initial_environ, signal_group
+from .procs import Processes, command_env, initial_environ, signal_group, with_tools_path
 from .pty import serve_pty
 
 AGENT_VERSION = "0.1.0"
@@ -41,7 +41,7 @@ class Agent:
     def __init__(self, workdir: str) -> None:
         self.key: bytes | None = None  # the sandbox's key, from the orchestrator's enrollment
         self.workdir = workdir
-        self.base_env = command_env(initial_environ(), sys.prefix)
+        self.base_env = with_tools_path(command_env(initial_environ(), sys.prefix))
         self.umask = os.umask(0o022)
         os.umask(self.umask)
         self.procs = Processes()
@@ -172,7 +172,7 @@ class Agent:
         self.check_auth(req, key.encode())
         req.check_body(proof.digest(raw))
         self.key = key.encode()
-        self.base_env = {**self.base_env, **env}
+        self.base_env = with_tools_path({**self.base_env, **env})
         log("enrolled")
         await req.send_json(200, {"enrolled": True})
 
