@@ -72,6 +72,7 @@ class SandboxRecord(BaseModel):
     backend: str = ""
     agent: AgentEndpoint | None = None
     source_snapshot: str | None = None
+    tools: list[str] | None = None  # the harnesses asked for (None: all the service has)
 
     @property
     def live(self) -> bool:
@@ -139,6 +140,7 @@ class SandboxRecord(BaseModel):
             last_activity_at=self.last_activity_at,
             deleted_at=self.deleted_at,
             source_snapshot=self.source_snapshot,
+            tools=self.tools,
         )
 
 

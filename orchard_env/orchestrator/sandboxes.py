@@ -329,6 +329,7 @@ class SandboxService:
             last_activity_at=now,
             backend=self.backend.name,
             source_snapshot=source_snapshot,
+            tools=None if (asked := request.tool_selection()) is None else list(asked),
         )
         if sandbox_id in self._creating:
             raise self._exists(sandbox_id)
@@ -382,6 +383,7 @@ class SandboxService:
             ready_timeout_seconds=record.ready_timeout_seconds,
             record_annotation=record.annotation(),
             snapshot_id=record.source_snapshot,
+            tools=None if record.tools is None else tuple(record.tools),
         )
         try:
             return await self.backend.create(spec)

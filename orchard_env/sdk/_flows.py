@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -68,6 +68,7 @@ def create_request(
     workdir: str | None,
     ttl_seconds: int | None,
     idle_timeout_seconds: int | None,
+    tools: bool | Sequence[str] | None = None,
 ) -> protocol.CreateSandboxRequest:
     return build(
         protocol.CreateSandboxRequest,
@@ -82,6 +83,7 @@ def create_request(
         workdir=workdir,
         ttl_seconds=ttl_seconds,
         idle_timeout_seconds=idle_timeout_seconds,
+        tools=tools if tools is None or isinstance(tools, bool) else list(tools),
     )
 
 

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -116,6 +116,7 @@ class AsyncSandboxClient(ClientView):
         workdir: str | None = None,
         ttl_seconds: int | None = None,
         idle_timeout_seconds: int | None = None,
+        tools: bool | Sequence[str] | None = None,
     ) -> AsyncSandbox:
         """See :meth:`SandboxClient.create_sandbox`; cancelling the task deletes the sandbox."""
         request = flows.create_request(
@@ -131,6 +132,7 @@ class AsyncSandboxClient(ClientView):
             workdir=workdir,
             ttl_seconds=ttl_seconds,
             idle_timeout_seconds=idle_timeout_seconds,
+            tools=tools,
         )
         info = await self._run(
             flows.create_sandbox(

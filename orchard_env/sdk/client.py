@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -121,6 +121,7 @@ class SandboxClient(ClientView):
         workdir: str | None = None,
         ttl_seconds: int | None = None,
         idle_timeout_seconds: int | None = None,
+        tools: bool | Sequence[str] | None = None,
     ) -> Sandbox:
         """Create a sandbox and (``wait_ready``) wait until it runs; return its handle.
 
@@ -128,6 +129,9 @@ class SandboxClient(ClientView):
         start, times out or the wait is interrupted (Ctrl-C), the sandbox is deleted and the
         error raised: :class:`~orchard_env.errors.SandboxNotReady` with the reason,
         :class:`~orchard_env.errors.Timeout` (also a ``TimeoutError``).
+
+        ``tools``: the agent harnesses at ``/opt/sandbox-tools`` (on PATH): None or True for
+        all the service has, False for none, or names (``["codex", "pi"]``).
         """
         request = flows.create_request(
             self._core,
@@ -142,6 +146,7 @@ class SandboxClient(ClientView):
             workdir=workdir,
             ttl_seconds=ttl_seconds,
             idle_timeout_seconds=idle_timeout_seconds,
+            tools=tools,
         )
         info = self._run(
             flows.create_sandbox(

@@ -75,9 +75,10 @@ def default_cache_dir() -> Path:
 
 
 def _sources_digest() -> str:
-    """The builder's own sources: a change to how the payload is made rebuilds it."""
+    """The builder's own sources (this module and the launchers): a change to how the
+    payload is made rebuilds it."""
     digest = hashlib.sha256()
-    for source in sorted(Path(__file__).parent.glob("*.py")):
+    for source in (Path(__file__), Path(__file__).with_name("launchers.py")):
         digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
     return digest.hexdigest()
 
@@ -110,6 +111,20 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def cached_payload(
+    harnesses: Sequence[str] = HARNESSES,
+    versions: Mapping[str, str] = VERSIONS,
+    *,
+    cache_dir: Path | None = None,
+) -> Path | None:
+    """The payload :func:`ensure_payload` would return, if it is built already."""
+    chosen = check_harnesses(harnesses)
+    if not chosen:
+        return None
+    dest = (cache_dir or default_cache_dir()).absolute() / payload_key(chosen, versions)
+    return dest if (dest / MANIFEST).is_file() else None
+
+
 def ensure_payload(
     harnesses: Sequence[str] = HARNESSES,
     versions: Mapping[str, str] = VERSIONS,
@@ -127,6 +142,7 @@ def ensure_payload(
     dest = root / payload_key(chosen, versions)
     if (dest / MANIFEST).is_file():
         return dest
+    root.mkdir(parents=True, exist_ok=True)
     with _locked(root / f"{dest.name}.lock"):
         if (dest / MANIFEST).is_file():
             return dest

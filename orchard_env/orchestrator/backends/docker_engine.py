@@ -75,6 +75,8 @@ from orchard_env.orchestrator.backends.base import (
     not_your_snapshot,
 )
 from orchard_env.protocol import NodeResources, ResourceAmounts, check_sandbox_id
+from orchard_env.tools import TOOLS_BIN, TOOLS_ENV
+from orchard_env.tools.views import payload_harnesses, tool_mounts
 
 LABEL_CREATED_BY = "orchard.created-by"
 LABEL_INSTANCE = "orchard.instance"
@@ -207,10 +209,12 @@ class DockerEngineBackend:
         settings: ServiceSettings,
         *,
         bundle_dir: Path,
+        tools_dir: Path | None = None,
         client: docker.DockerClient | None = None,
         pull_stall_timeout: float = 10.0,
     ) -> None:
-        """``pull_stall_timeout``: a pull that reports no progress for this long fails
+        """``tools_dir``: the tools payload sandboxes mount (None: sandboxes get none).
+        ``pull_stall_timeout``: a pull that reports no progress for this long fails
         (a whole pull is capped by the sandbox's ready timeout)."""
         if not _INSTANCE_RE.match(settings.instance):
             raise errors.ConfigError(
@@ -220,6 +224,8 @@ class DockerEngineBackend:
         self._settings = settings
         self._state_id = state_id(settings.state_dir)
         self._bundle_dir = bundle_dir.resolve()
+        self._tools_dir = tools_dir.resolve() if tools_dir is not None else None
+        self._tools = payload_harnesses(self._tools_dir) if self._tools_dir else ()
         self._pull_stall_timeout = pull_stall_timeout
         if client is None:
             self._engine = find_engine(settings.docker_host)
@@ -473,6 +479,13 @@ class DockerEngineBackend:
             docker.types.Mount(RUN_DIR_MOUNT, str(run_dir), type="bind"),
             docker.types.Mount(BUNDLE_MOUNT, str(self._bundle_dir), type="bind", read_only=True),
         ]
+        tools = self._tools_for(spec.tools)
+        if tools and self._tools_dir is not None:
+            env[TOOLS_ENV] = TOOLS_BIN
+            mounts += [
+                docker.types.Mount(target, str(source), type="bind", read_only=True)
+                for target, source in tool_mounts(self._tools_dir, tools)
+            ]
         try:
             container = self._client.containers.create(
                 spec.image,
@@ -526,6 +539,20 @@ class DockerEngineBackend:
         described = self._describe(container)
         assert described is not None  # it carries this instance's labels, set above
         return described
+
+    def _tools_for(self, asked: tuple[str, ...] | None) -> tuple[str, ...]:
+        """The harnesses a sandbox gets: all the payload has unless it asked for fewer."""
+        if asked is None:
+            return self._tools
+        missing = [name for name in asked if name not in self._tools]
+        if missing:
+            raise errors.InvalidRequest(
+                f"tools: this service's tools payload has no {', '.join(missing)} "
+                f"(it has: {', '.join(self._tools) or 'no payload at all'})",
+                hint="ask for those it has, or build a payload with them (the tools setting, "
+                "`orchard images build-local --tools`)",
+            )
+        return asked
 
     def _list(self) -> list[BackendSandbox]:
         filters = {
