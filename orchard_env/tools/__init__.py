@@ -43,9 +43,9 @@ PACKAGES: Mapping[str, str] = {
 _VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+-]{0,63}$")
 
 
-def parse_versions(text: str) -> dict[str, str]:
-    """``codex=0.172.0,hermes=0.19.1`` -> the pinned versions with those replaced."""
-    versions = dict(VERSIONS)
+def parse_versions(text: str, base: Mapping[str, str] = VERSIONS) -> dict[str, str]:
+    """``codex=0.172.0,hermes=0.19.1`` -> ``base`` (the pins) with those replaced."""
+    versions = dict(base)
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
