@@ -96,6 +96,13 @@ def test_every_harness_reports_its_version_via_path(
         assert path.endswith(":/opt/sandbox-tools/bin")
         assert path.split(":")[0] == "/usr/local/sbin"  # the image's own PATH comes first
         assert "/opt/sandbox-tools/bin" in sandbox.exec("echo $PATH", login_shell=True).stdout
+        # A process the agent did not start (the engine's exec, PID 1's environment) finds
+        # them too: upstream's "reachable from kubectl exec" check.
+        outside = sandbox.exec(
+            "p=$(tr '\\0' '\\n' < /proc/1/environ | grep '^PATH=' | cut -d= -f2-); "
+            'env -i HOME=/root PATH="$p" sh -c "codex --version"'
+        )
+        assert outside.stdout.startswith("codex-cli "), outside.stderr
         touch = sandbox.exec("touch /opt/sandbox-tools/x")
         assert touch.exit_code != 0 and "Read-only file system" in touch.stderr
         versions = sandbox.exec("cat /opt/sandbox-tools/VERSIONS").stdout

@@ -92,6 +92,7 @@ LABEL_SOURCE_SANDBOX = "orchard.source-sandbox"
 SNAPSHOT_REPOSITORY = "localhost/orchard/snapshots"
 """Where every deployment's snapshot images live, one repository per instance below it."""
 WORKDIR_ENV = "ORCHARD_AGENT_WORKDIR"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Spoken by Docker 20.10+ and Podman 4+; pinned because negotiating it (GET /version) costs
 # Podman a third of a second per client.
@@ -482,6 +483,9 @@ class DockerEngineBackend:
         tools = self._tools_for(spec.tools)
         if tools and self._tools_dir is not None:
             env[TOOLS_ENV] = TOOLS_BIN
+            # In the container's own environment too, so a process the agent did not start
+            # (the engine's exec) finds them, as upstream's /usr/local/bin links did.
+            env["PATH"] = f"{self._image_path(spec.image)}:{TOOLS_BIN}"
             mounts += [
                 docker.types.Mount(target, str(source), type="bind", read_only=True)
                 for target, source in tool_mounts(self._tools_dir, tools)
@@ -539,6 +543,14 @@ class DockerEngineBackend:
         described = self._describe(container)
         assert described is not None  # it carries this instance's labels, set above
         return described
+
+    def _image_path(self, image: str) -> str:
+        """The PATH the image sets (the usual default when it sets none)."""
+        config = self._client.images.get(image).attrs.get("Config") or {}
+        for item in config.get("Env") or []:
+            if item.startswith("PATH="):
+                return str(item[5:])
+        return DEFAULT_PATH
 
     def _tools_for(self, asked: tuple[str, ...] | None) -> tuple[str, ...]:
         """The harnesses a sandbox gets: all the payload has unless it asked for fewer."""
