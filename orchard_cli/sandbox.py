@@ -95,6 +95,15 @@ FILE_COLUMNS: tuple[Column[FileEntry], ...] = (
 )
 
 
+def _tools_choice(text: str | None) -> bool | list[str] | None:
+    """--tools: all, none or a comma-separated list (the service checks the names)."""
+    if text is None or text.strip().lower() == "all":
+        return None
+    if text.strip().lower() in ("none", "false", "off"):
+        return False
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 @app.command()
 def create(
     image: Annotated[str, typer.Option("--image", "-i", help="Container image.")] = DEFAULT_IMAGE,
@@ -110,6 +119,15 @@ def create(
     ttl: Annotated[int | None, typer.Option("--ttl", help="Lifetime cap in seconds.")] = None,
     idle_timeout: Annotated[
         int | None, typer.Option("--idle-timeout", help="Idle expiry in seconds.")
+    ] = None,
+    tools: Annotated[
+        str | None,
+        typer.Option(
+            "--tools",
+            help="Agent harnesses at /opt/sandbox-tools: all (default), none, or a list "
+            "such as codex,pi.",
+            show_default=False,
+        ),
     ] = None,
     json_: JsonOpt = False,
     url: UrlOpt = None,
@@ -136,6 +154,7 @@ def create(
             workdir=workdir,
             ttl_seconds=ttl,
             idle_timeout_seconds=idle_timeout,
+            tools=_tools_choice(tools),
         )
     if json_:
         print_json(sb.info)

@@ -27,6 +27,9 @@ from pydantic import (
     model_validator,
 )
 
+from orchard_env.errors import InvalidRequest
+from orchard_env.tools import check_harnesses
+
 # --- validation helpers ------------------------------------------------------------------
 
 SANDBOX_ID_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -483,6 +486,27 @@ class CreateSandboxRequest(RequestModel):
         description="a model gateway in the sandbox (127.0.0.1:4000), its calls recorded; "
         "{} for the service's default endpoints",
     )
+    tools: bool | list[str] | None = Field(
+        default=None,
+        description="agent harnesses at /opt/sandbox-tools: true or absent for all the "
+        "service has, false for none, or a list of codex, claude, opencode, pi, hermes",
+    )
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, v: bool | list[str] | None) -> bool | list[str] | None:
+        if isinstance(v, list):
+            try:
+                return list(check_harnesses(v))
+            except InvalidRequest as exc:
+                raise ValueError(exc.message) from None
+        return v
+
+    def tool_selection(self) -> tuple[str, ...] | None:
+        """None: all the service has; otherwise exactly these (``()``: none)."""
+        if self.tools is None or self.tools is True:
+            return None
+        return () if self.tools is False else tuple(self.tools)
 
     @field_validator("image")
     @classmethod
@@ -548,6 +572,9 @@ class SandboxInfo(BaseModel):
     deleted_at: Timestamp | None = None
     source_snapshot: str | None = None
     model_gateway: ModelGatewayInfo | None = None
+    tools: list[str] | None = Field(
+        default=None, description="the harnesses it asked for (null: all the service has)"
+    )
 
 
 class SandboxList(BaseModel):

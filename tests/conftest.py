@@ -145,6 +145,16 @@ def agent_bundle() -> Path:
     return ensure_bundle(image_cache_dir().parent / "test-bundle")
 
 
+@pytest.fixture(scope="session")
+def tools_payload() -> Path:
+    """The tools payload (all five harnesses), built once per machine into its cache
+    (/var/cache/orchard/tools/<key>) by the first test run that needs it: minutes, from the
+    registries; seconds after."""
+    from orchard_env.tools.payload import ensure_payload
+
+    return ensure_payload(progress=lambda line: print(f"tools payload: {line}", flush=True))
+
+
 # ~/.bashrc as SWE-bench-style images have it: guarded against non-interactive shells, then
 # activating conda. The fake conda's python says who it is.
 GUARDED_BASHRC = b"""\

@@ -101,6 +101,7 @@ class SandboxRecord(BaseModel):
     # The warm pool it waits in, until a create claims it (then None: an ordinary sandbox).
     pool: str | None = None
     model_gateway: GatewayRecord | None = None
+    tools: list[str] | None = None  # the harnesses asked for (None: all the service has)
 
     @property
     def live(self) -> bool:
@@ -169,6 +170,7 @@ class SandboxRecord(BaseModel):
             deleted_at=self.deleted_at,
             source_snapshot=self.source_snapshot,
             model_gateway=None if self.model_gateway is None else self.model_gateway.to_info(),
+            tools=self.tools,
         )
 
 

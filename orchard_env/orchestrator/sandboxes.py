@@ -365,14 +365,15 @@ class SandboxService:
     ) -> SandboxInfo:
         """Start a sandbox (``source_snapshot``: restored from that snapshot, whose image
         ``request.image`` names); readiness follows in the background. A request a warm
-        pool serves (same spec, no ``sandbox_id``, ``disk`` or model gateway) takes one of its ready
-        sandboxes."""
+        pool serves (same spec, no ``sandbox_id``, ``disk``, model gateway or tools choice)
+        takes one of its ready sandboxes."""
         cpu, memory, disk = self._size(request)
         lifetimes = self._lifetimes(request)
         if source_snapshot is None and self.backend.is_snapshot_image(request.image):
             source_snapshot = await self._own_snapshot(request.image, caller)
         workdir = request.workdir or self.settings.default_workdir
-        pooled = request.model_gateway is None  # a pooled agent was enrolled without one
+        # A pooled sandbox has every harness and no model gateway (its agent enrolled without).
+        pooled = request.model_gateway is None and request.tool_selection() is None
         if pooled and request.sandbox_id is None and source_snapshot is None and disk is None:
             key = pool_key(request.image, cpu, memory, request.block_network, workdir, request.env)
             pool = self.pools_by_spec.get(key)
@@ -398,6 +399,7 @@ class SandboxService:
             source_snapshot=source_snapshot,
             **lifetimes,
             model_gateway=self._gateway_record(request.model_gateway),
+            tools=None if (asked := request.tool_selection()) is None else list(asked),
         )
         return (await self._launch(record, caller)).to_info(self.settings)
 
@@ -584,6 +586,7 @@ class SandboxService:
             ready_timeout_seconds=record.ready_timeout_seconds,
             record_annotation=record.annotation(),
             snapshot_id=record.source_snapshot,
+            tools=None if record.tools is None else tuple(record.tools),
         )
         try:
             return await self.backend.create(spec)

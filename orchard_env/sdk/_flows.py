@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -72,6 +72,7 @@ def create_request(
     ttl_seconds: int | None,
     idle_timeout_seconds: int | None,
     model_gateway: Mapping[str, Any] | None = None,
+    tools: bool | Sequence[str] | None = None,
 ) -> protocol.CreateSandboxRequest:
     return build(
         protocol.CreateSandboxRequest,
@@ -87,6 +88,7 @@ def create_request(
         ttl_seconds=ttl_seconds,
         idle_timeout_seconds=idle_timeout_seconds,
         model_gateway=None if model_gateway is None else dict(model_gateway),
+        tools=tools if tools is None or isinstance(tools, bool) else list(tools),
     )
 
 

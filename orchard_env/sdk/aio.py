@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -120,6 +120,7 @@ class AsyncSandboxClient(ClientView):
         ttl_seconds: int | None = None,
         idle_timeout_seconds: int | None = None,
         model_gateway: Mapping[str, Any] | None = None,
+        tools: bool | Sequence[str] | None = None,
     ) -> AsyncSandbox:
         """See :meth:`SandboxClient.create_sandbox`; cancelling the task deletes the sandbox."""
         request = flows.create_request(
@@ -136,6 +137,7 @@ class AsyncSandboxClient(ClientView):
             ttl_seconds=ttl_seconds,
             idle_timeout_seconds=idle_timeout_seconds,
             model_gateway=model_gateway,
+            tools=tools,
         )
         info = await self._run(
             flows.create_sandbox(

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -123,6 +123,7 @@ class SandboxClient(ClientView):
         ttl_seconds: int | None = None,
         idle_timeout_seconds: int | None = None,
         model_gateway: Mapping[str, Any] | None = None,
+        tools: bool | Sequence[str] | None = None,
     ) -> Sandbox:
         """Create a sandbox and (``wait_ready``) wait until it runs; return its handle.
 
@@ -130,6 +131,9 @@ class SandboxClient(ClientView):
         start, times out or the wait is interrupted (Ctrl-C), the sandbox is deleted and the
         error raised: :class:`~orchard_env.errors.SandboxNotReady` with the reason,
         :class:`~orchard_env.errors.Timeout` (also a ``TimeoutError``).
+
+        ``tools``: the agent harnesses at ``/opt/sandbox-tools`` (on PATH): None or True for
+        all the service has, False for none, or names (``["codex", "pi"]``).
         """
         request = flows.create_request(
             self._core,
@@ -145,6 +149,7 @@ class SandboxClient(ClientView):
             ttl_seconds=ttl_seconds,
             idle_timeout_seconds=idle_timeout_seconds,
             model_gateway=model_gateway,
+            tools=tools,
         )
         info = self._run(
             flows.create_sandbox(

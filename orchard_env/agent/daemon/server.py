@@ -25,7 +25,7 @@ from .http import (
     string_map,
 )
 from .jobs import DEFAULT_MAX_OUTPUT, Job, JobTable
-from .procs import Processes, command_env, initial_environ, signal_group
+from .procs import Processes, command_env, initial_environ, signal_group, with_tools_path
 
 AGENT_VERSION = "0.1.0"
 MAX_ENROLL_BODY = 1024 * 1024
@@ -39,7 +39,7 @@ class Agent:
     def __init__(self, workdir: str) -> None:
         self.key: bytes | None = None  # the sandbox's key, from the orchestrator's enrollment
         self.workdir = workdir
-        self.base_env = command_env(initial_environ(), sys.prefix)
+        self.base_env = with_tools_path(command_env(initial_environ(), sys.prefix))
         self.umask = os.umask(0o022)
         os.umask(self.umask)
         self.procs = Processes()
@@ -175,7 +175,7 @@ class Agent:
 
             self.model_relay = await model.start(body["model"])
         self.key = key.encode()
-        self.base_env = {**self.base_env, **env}
+        self.base_env = with_tools_path({**self.base_env, **env})
         log("enrolled")
         await req.send_json(200, {"enrolled": True})
 

@@ -79,6 +79,8 @@ from orchard_env.orchestrator.backends.base import (
     not_your_snapshot,
 )
 from orchard_env.protocol import NodeResources, ResourceAmounts, check_sandbox_id
+from orchard_env.tools import TOOLS_BIN, TOOLS_ENV
+from orchard_env.tools.views import payload_harnesses, tool_mounts
 
 LABEL_CREATED_BY = "orchard.created-by"
 LABEL_INSTANCE = "orchard.instance"
@@ -94,6 +96,7 @@ LABEL_SOURCE_SANDBOX = "orchard.source-sandbox"
 SNAPSHOT_REPOSITORY = "localhost/orchard/snapshots"
 """Where every deployment's snapshot images live, one repository per instance below it."""
 WORKDIR_ENV = "ORCHARD_AGENT_WORKDIR"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Spoken by Docker 20.10+ and Podman 4+; pinned because negotiating it (GET /version) costs
 # Podman a third of a second per client.
@@ -216,10 +219,12 @@ class DockerEngineBackend:
         settings: ServiceSettings,
         *,
         bundle_dir: Path,
+        tools_dir: Path | None = None,
         client: docker.DockerClient | None = None,
         pull_stall_timeout: float = 10.0,
     ) -> None:
-        """``pull_stall_timeout``: a pull that reports no progress for this long fails
+        """``tools_dir``: the tools payload sandboxes mount (None: sandboxes get none).
+        ``pull_stall_timeout``: a pull that reports no progress for this long fails
         (a whole pull is capped by the sandbox's ready timeout)."""
         if not _INSTANCE_RE.match(settings.instance):
             raise errors.ConfigError(
@@ -229,6 +234,8 @@ class DockerEngineBackend:
         self._settings = settings
         self._state_id = state_id(settings.state_dir)
         self._bundle_dir = bundle_dir.resolve()
+        self._tools_dir = tools_dir.resolve() if tools_dir is not None else None
+        self._tools = payload_harnesses(self._tools_dir) if self._tools_dir else ()
         self._pull_stall_timeout = pull_stall_timeout
         if client is None:
             self._engine = find_engine(settings.docker_host)
@@ -553,6 +560,20 @@ class DockerEngineBackend:
             labels[LABEL_RECORD] = spec.record_annotation
         # spec.env reaches the commands through the agent's enrollment, not the agent.
         env = {**launch_env(BUNDLE_MOUNT), WORKDIR_ENV: spec.workdir}
+        mounts = [
+            docker.types.Mount(RUN_DIR_MOUNT, str(run_dir), type="bind"),
+            docker.types.Mount(BUNDLE_MOUNT, str(self._bundle_dir), type="bind", read_only=True),
+        ]
+        tools = self._tools_for(spec.tools)
+        if tools and self._tools_dir is not None:
+            env[TOOLS_ENV] = TOOLS_BIN
+            # In the container's own environment too, so a process the agent did not start
+            # (the engine's exec) finds them, as upstream's /usr/local/bin links did.
+            env["PATH"] = f"{self._image_path(spec.image)}:{TOOLS_BIN}"
+            mounts += [
+                docker.types.Mount(target, str(source), type="bind", read_only=True)
+                for target, source in tool_mounts(self._tools_dir, tools)
+            ]
         api = self._client.api
         host_config = api.create_host_config(
             nano_cpus=round(spec.cpu * 1e9),
@@ -561,12 +582,7 @@ class DockerEngineBackend:
             pids_limit=spec.pids_limit,
             storage_opt=storage_options,
             network_mode="none" if spec.block_network else None,
-            mounts=[
-                docker.types.Mount(RUN_DIR_MOUNT, str(run_dir), type="bind"),
-                docker.types.Mount(
-                    BUNDLE_MOUNT, str(self._bundle_dir), type="bind", read_only=True
-                ),
-            ],
+            mounts=mounts,
             # No privilege gained through setuid binaries or file capabilities, and only the
             # capabilities images need.
             security_opt=["no-new-privileges"],
@@ -589,6 +605,28 @@ class DockerEngineBackend:
             detach=True,
         )
         return str(created["Id"])
+
+    def _image_path(self, image: str) -> str:
+        """The PATH the image sets (the usual default when it sets none)."""
+        config = self._client.images.get(image).attrs.get("Config") or {}
+        for item in config.get("Env") or []:
+            if item.startswith("PATH="):
+                return str(item[5:])
+        return DEFAULT_PATH
+
+    def _tools_for(self, asked: tuple[str, ...] | None) -> tuple[str, ...]:
+        """The harnesses a sandbox gets: all the payload has unless it asked for fewer."""
+        if asked is None:
+            return self._tools
+        missing = [name for name in asked if name not in self._tools]
+        if missing:
+            raise errors.InvalidRequest(
+                f"tools: this service's tools payload has no {', '.join(missing)} "
+                f"(it has: {', '.join(self._tools) or 'no payload at all'})",
+                hint="ask for those it has, or build a payload with them (the tools setting, "
+                "`orchard images build-local --tools`)",
+            )
+        return asked
 
     def _list(self) -> list[BackendSandbox]:
         filters = {

@@ -16,6 +16,7 @@ from orchard_env import errors
 from orchard_env.agent.bundle import BUNDLE_MOUNT, launch_argv, launch_env
 from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.backends.base import SANDBOX_CAPABILITIES, SandboxSpec
+from orchard_env.orchestrator.backends.kube_tools import add_tools
 from orchard_env.protocol import LABEL_VALUE_RE
 
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -205,6 +206,7 @@ def pod_manifest(settings: ServiceSettings, spec: SandboxSpec) -> Pod:
         ],
         "volumes": [{"name": BUNDLE_VOLUME, "emptyDir": {"sizeLimit": BUNDLE_VOLUME_SIZE}}],
     }
+    add_tools(pod_spec, settings, spec.tools, pod_spec["initContainers"][0])
     if spec.ttl_seconds:
         # The orchestrator ends the sandbox at its TTL; the deadline (counted from the pod's
         # start, so never earlier) only acts when it could not, e.g. while it was down.
