@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test check host install
+.PHONY: up test check host install cluster cluster-down k8s-bins
 
 ## Bring Orchard up on this machine's container engine and run something in a sandbox.
 up: host install
@@ -11,9 +11,12 @@ up: host install
 	$(BIN)/orchard sandbox exec "$$($(BIN)/orchard sandbox create --label demo=readme)" -- \
 		sh -c 'echo "hello from $$(hostname) on $$(. /etc/os-release; echo $$PRETTY_NAME)"; git --version'
 
-## Run the whole test suite (lint, types, import contracts, all test tiers).
+## Run the whole test suite (lint, types, import contracts, all test tiers). The kube_real
+## tier needs the control plane's binaries (built once, cached outside the checkout) and
+## starts the local cluster itself.
 test: host install check
-	$(BIN)/pytest -q -ra
+	bash scripts/k8s/ensure-bins.sh control-plane
+	ORCHARD_KUBE_REAL=require $(BIN)/pytest -q -ra
 
 check: install
 	$(BIN)/ruff check .
@@ -23,6 +26,18 @@ check: install
 
 host:
 	bash scripts/setup-host.sh
+
+## A real local Kubernetes control plane in its own network namespace (scripts/k8s/up.sh);
+## the last line printed is `export KUBECONFIG=...`. `make cluster-down` removes it.
+cluster:
+	bash scripts/k8s/up.sh
+
+cluster-down:
+	bash scripts/k8s/down.sh
+
+## Build (or find cached) the cluster's binaries from tools/k8s and tools/etcd.
+k8s-bins:
+	bash scripts/k8s/ensure-bins.sh all
 
 install: $(BIN)/orchard
 

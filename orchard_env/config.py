@@ -199,6 +199,12 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
     Setting("snapshotter_port", "9091", _positive_int, "TCP port of the node snapshotters"),
     Setting("registry_config", None, Path, "docker config JSON with the registry's credentials"),
     Setting("registry_plain_http", "false", _bool, "speak plain HTTP to the registry (tests)"),
+    Setting(
+        "model_endpoints_file",
+        None,
+        Path,
+        "TOML file of the model endpoints (and their keys) sandbox gateways forward to",
+    ),
 )
 
 CLIENT_SETTINGS: tuple[Setting, ...] = (
@@ -434,6 +440,7 @@ class ServiceSettings:
     snapshotter_port: int = 9091
     registry_config: Path | None = None
     registry_plain_http: bool = False
+    model_endpoints_file: Path | None = None
     tools: tuple[str, ...] = ()
     tools_versions: Mapping[str, str] = field(default_factory=lambda: dict(VERSIONS))
     tools_dir: Path | None = None

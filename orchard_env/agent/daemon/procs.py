@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shlex
 import signal
@@ -30,7 +31,11 @@ class Processes:
         self.tasks: set[asyncio.Task[None]] = set()
         self.pty_groups: set[int] = set()
         self.child_oom_score_adj = min(1000, read_oom_score_adj() + OOM_SCORE_BOOST)
-        self.preexec = subreaper_hook()
+
+    @functools.cached_property
+    def preexec(self) -> Callable[[], None] | None:
+        """:func:`subreaper_hook`, made at the first command (ctypes is not loaded before)."""
+        return subreaper_hook()
 
     def expose_to_oom_killer(self, pid: int) -> None:
         """Make a command a likelier OOM victim than the agent (raising needs no privilege):

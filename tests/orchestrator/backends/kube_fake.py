@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 import kubernetes_validate
@@ -644,11 +644,28 @@ class _Running:
     root: Path
 
 
+class PodApi(Protocol):
+    """What the FakeKubelet needs of an API server: this fake's, or the real one's
+    (:class:`tests.orchestrator.backends.kube_real.NodePods`)."""
+
+    listeners: list[Callable[[str, str, Obj], None]]
+
+    def get(self, resource: str, namespace: str, name: str) -> Obj | None: ...
+
+    def names(self, resource: str, namespace: str) -> list[str]: ...
+
+    def set_pod_status(
+        self, namespace: str, name: str, status: Obj, *, node: str | None = None
+    ) -> Obj | None: ...
+
+
 @dataclass
 class FakeKubelet:
-    """Schedules and "runs" every pod created on ``api`` in ``namespace``, in a thread."""
+    """Schedules and "runs" every pod created on ``api`` in ``namespace``, in a thread. On
+    the real API server (``kube_real`` tier) the scheduler has bound the pod before the
+    FakeKubelet sees it: ``node_cpu`` is then unbounded and the binding is left alone."""
 
-    api: FakeKubeApi
+    api: PodApi
     agent_port: int
     node_cpu: float = 8.0
     namespace: str = "orchard-sandboxes"
