@@ -23,6 +23,7 @@ import binascii
 import contextlib
 import fnmatch
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -62,6 +63,7 @@ class ImageSpec:
     name: str
     title: str
     needs_source: bool  # the context gets the Orchard source tree under src/
+    by_default: bool = True  # built, pushed and listed when no --only names images
 
 
 IMAGES: dict[str, ImageSpec] = {
@@ -70,6 +72,9 @@ IMAGES: dict[str, ImageSpec] = {
         ImageSpec("orchestrator", "Orchard orchestrator (the service behind the HTTP API)", True),
         ImageSpec("agent-injector", "Orchard agent bundle, copied into each sandbox pod", True),
         ImageSpec("sandbox", "Orchard default sandbox (Debian, git, bash, python3)", False),
+        # Opt-in (--only tools): 1.4 GB, and it holds Claude Code, which is not ours to
+        # redistribute (see docs/harnesses.md).
+        ImageSpec("tools", "Orchard tools payload (agent harnesses), built here", False, False),
     )
 }
 
@@ -241,10 +246,12 @@ def _check_names(names: Iterable[str]) -> None:
 
 
 def select(refs: Mapping[str, str], only: Iterable[str]) -> dict[str, str]:
-    """The references of the named images (all of them when none is named)."""
+    """The references of the named images (when none is named: all but the opt-in ones)."""
     names = list(dict.fromkeys(only))
     _check_names(names)
-    return {name: ref for name, ref in refs.items() if not names or name in names}
+    if not names:
+        return {name: ref for name, ref in refs.items() if IMAGES[name].by_default}
+    return {name: ref for name, ref in refs.items() if name in names}
 
 
 # --- builders ------------------------------------------------------------------------------
@@ -419,6 +426,36 @@ def assemble_context(name: str, dest: Path, root: Path = SOURCE_ROOT) -> None:
     shutil.copytree(IMAGES_DIR / name, dest, ignore=_ignore, dirs_exist_ok=True)
     if IMAGES[name].needs_source:
         _copy_source(root, dest / "src")
+    if name == "tools":
+        _link_or_copy(tools_payload(), dest / "payload")
+
+
+def tools_payload() -> Path:
+    """The payload the service settings name (``tools``, ``tools_versions``), built on this
+    machine if it is not cached yet."""
+    from orchard_env.config import service_settings
+    from orchard_env.tools.payload import ensure_payload
+
+    settings = service_settings()
+    if settings.tools_dir is not None:
+        return settings.tools_dir
+    if not settings.tools:
+        raise ConfigError(
+            "the tools image needs harnesses, and the tools setting is none",
+            hint="set ORCHARD_TOOLS (e.g. all, or codex,pi), or leave the image out with --only",
+        )
+    return ensure_payload(
+        settings.tools, settings.tools_versions, cache_dir=settings.tools_cache_dir
+    )
+
+
+def _link_or_copy(source: Path, dest: Path) -> None:
+    """Hard links where ``dest`` is on the payload's filesystem (1.4 GB is not copied)."""
+    try:
+        shutil.copytree(source, dest, symlinks=True, copy_function=os.link)
+    except OSError:
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(source, dest, symlinks=True)
 
 
 def image_labels(name: str, info: SourceInfo) -> dict[str, str]:

@@ -94,6 +94,7 @@ class DeployValues:
 
     orchestrator_image: str
     agent_image: str
+    tools_image: str | None = None  # the tools image, when it was built (--only tools)
     name: str = "orchard"
     namespace: str = "orchard"
     sandbox_namespace: str = "orchard-sandboxes"
@@ -172,6 +173,7 @@ def values_from_profile(profile: DeploymentProfile, refs: Mapping[str, str]) -> 
     return DeployValues(
         orchestrator_image=refs["orchestrator"],
         agent_image=refs["agent-injector"],
+        tools_image=refs.get("tools"),
         name=profile.name,
         namespace=service.namespace,
         sandbox_namespace=service.sandbox_namespace,
@@ -252,6 +254,7 @@ def service_settings(values: DeployValues) -> dict[str, str]:
         "k8s_namespace": values.sandbox_namespace,
         "agent_image": values.agent_image,
         "agent_port": str(values.agent_port),
+        **({"tools_image": values.tools_image} if values.tools_image else {}),
         "default_cpu": limits.default_cpu,
         "default_memory": limits.default_memory,
         "max_cpu": limits.max_cpu,

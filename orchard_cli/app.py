@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "init": ("orchard_cli.init", "register", "Service"),
     "sandbox": ("orchard_cli.sandbox", "app", "Sandboxes"),
     "snapshot": ("orchard_cli.snapshot", "app", "Sandboxes"),
+    "pool": ("orchard_cli.pool", "app", "Sandboxes"),
+    "trajectory": ("orchard_cli.trajectory", "app", "Sandboxes"),
     "keys": ("orchard_cli.keys", "app", "Service"),
     "context": ("orchard_cli.context", "app", "Service"),
     "images": ("orchard_cli.images", "app", "Service"),

@@ -28,8 +28,8 @@ from orchard_env.bench import (
     bench_exec,
     bench_fork,
     bench_launch,
-    listener_pid,
 )
+from orchard_env.bench_host import listener_pid
 from orchard_env.config import client_settings
 from orchard_env.sdk import AsyncSandboxClient
 from orchard_env.smoke import DEFAULT_IMAGE
@@ -96,14 +96,20 @@ def exec_(
 def create(
     n: Annotated[int, typer.Option("--n", help="Number of sandboxes, one after another.")] = 10,
     image: ImageOpt = DEFAULT_IMAGE,
+    pool: Annotated[
+        bool,
+        typer.Option(
+            "--pool", help="Also from a warm pool made for the run, beside cold (admin key)."
+        ),
+    ] = False,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """Create to first successful exec, image present."""
+    """Create to first successful exec, image present (with --pool: cold and pooled)."""
     with connect(url, api_key, context) as client, err.status("create benchmark") as status:
-        result = bench_create(client, image=image, n=n, progress=status.update)
+        result = bench_create(client, image=image, n=n, pool=pool, progress=status.update)
     _emit(result, json_)
 
 
@@ -111,15 +117,34 @@ def create(
 def launch(
     n: Annotated[int, typer.Option("--n", help="Sandboxes created concurrently.")] = 100,
     image: ImageOpt = DEFAULT_IMAGE,
+    pool: Annotated[
+        bool, typer.Option("--pool", help="From a warm pool of n, filled first (admin key).")
+    ] = False,
+    engine: Annotated[
+        bool,
+        typer.Option(
+            "--engine/--no-engine",
+            help="Also time the engine alone creating n plain containers (local only).",
+        ),
+    ] = False,
+    docker_host: Annotated[str | None, typer.Option("--docker-host", help="Engine socket.")] = None,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """n sandboxes at once, 4 commands each: total time, commands/s, success rate."""
+    """n sandboxes at once, 4 commands each: total time, creates/s, commands/s, success rate,
+    and (a local service) the orchestrator's, the engine's and the host's memory."""
     make_client = _async_clients(url, api_key, context)
+    engine_url = None
+    if engine:
+        from orchard_env.orchestrator.backends.docker_engine import find_engine
+
+        engine_url = find_engine(docker_host)
     with err.status("launch benchmark") as status:
-        result = bench_launch(make_client, image=image, n=n, progress=status.update)
+        result = bench_launch(
+            make_client, image=image, n=n, pool=pool, engine_url=engine_url, progress=status.update
+        )
     _emit(result, json_)
 
 

@@ -47,7 +47,8 @@ OnlyOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--only",
-        help="Only this image: orchestrator, agent-injector or sandbox (repeatable).",
+        help="Only this image: orchestrator, agent-injector, sandbox or tools (repeatable; "
+        "tools, the agent harnesses, is built only when named).",
         show_default=False,
     ),
 ]
@@ -184,6 +185,23 @@ def build_local(
     busybox: Annotated[
         bool, typer.Option("--busybox", help="Also build the busybox test image.")
     ] = False,
+    tools: Annotated[
+        bool,
+        typer.Option(
+            "--tools",
+            help="Also build the tools payload (the harnesses of the tools setting, from "
+            "npm, PyPI and Debian) into its cache; prints its folder.",
+        ),
+    ] = False,
+    tools_version: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tools-version",
+            help="With --tools: NAME=VERSION over the pinned version (repeatable), e.g. "
+            "codex=0.172.0.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Build the default sandbox image on this machine from Debian packages (no registry)."""
     import docker
@@ -193,11 +211,37 @@ def build_local(
 
     client = docker.DockerClient(base_url=find_engine(docker_host))
     try:
-        with err.status("building") as status:
-            built = [ensure_sandbox_image(client, progress=status.update)]
+        with _progress("building") as progress:
+            built = [str(ensure_sandbox_image(client, progress=progress))]
             if busybox:
                 built.append(ensure_busybox_image(client))
+            if tools or tools_version:
+                built.append(str(_build_tools(tools_version or [], progress)))
     finally:
         client.close()
     for tag in built:
         out.print(tag)
+
+
+def _build_tools(overrides: list[str], progress: Callable[[str], None]) -> Path:
+    """The tools payload of the service settings, with ``overrides`` over its versions."""
+    from orchard_env import config, errors
+    from orchard_env.tools import parse_versions
+    from orchard_env.tools.payload import ensure_payload
+
+    settings = config.service_settings()
+    try:
+        versions = parse_versions(",".join(overrides), settings.tools_versions)
+    except ValueError as exc:
+        raise errors.InvalidRequest(f"--tools-version: {exc}") from None
+    if not settings.tools:
+        raise errors.InvalidRequest(
+            "the tools setting is none: there are no harnesses to build",
+            hint="set ORCHARD_TOOLS=all (or a list such as codex,pi)",
+        )
+    return ensure_payload(
+        settings.tools,
+        versions,
+        cache_dir=settings.tools_cache_dir,
+        progress=progress,
+    )

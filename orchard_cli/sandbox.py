@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 import sys
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -35,11 +36,12 @@ from orchard_cli.output import (
     pairs,
     when,
 )
-from orchard_env.errors import InvalidRequest
+from orchard_env.errors import InvalidRequest, JobNotFound
 from orchard_env.smoke import DEFAULT_IMAGE
 
 if TYPE_CHECKING:
     from orchard_env.protocol import FileEntry, SandboxInfo
+    from orchard_env.sdk import SandboxClient
 
 app = typer.Typer(help="Create, drive and delete sandboxes.", no_args_is_help=True)
 
@@ -93,6 +95,15 @@ FILE_COLUMNS: tuple[Column[FileEntry], ...] = (
 )
 
 
+def _tools_choice(text: str | None) -> bool | list[str] | None:
+    """--tools: all, none or a comma-separated list (the service checks the names)."""
+    if text is None or text.strip().lower() == "all":
+        return None
+    if text.strip().lower() in ("none", "false", "off"):
+        return False
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 @app.command()
 def create(
     image: Annotated[str, typer.Option("--image", "-i", help="Container image.")] = DEFAULT_IMAGE,
@@ -108,6 +119,15 @@ def create(
     ttl: Annotated[int | None, typer.Option("--ttl", help="Lifetime cap in seconds.")] = None,
     idle_timeout: Annotated[
         int | None, typer.Option("--idle-timeout", help="Idle expiry in seconds.")
+    ] = None,
+    tools: Annotated[
+        str | None,
+        typer.Option(
+            "--tools",
+            help="Agent harnesses at /opt/sandbox-tools: all (default), none, or a list "
+            "such as codex,pi.",
+            show_default=False,
+        ),
     ] = None,
     json_: JsonOpt = False,
     url: UrlOpt = None,
@@ -134,6 +154,7 @@ def create(
             workdir=workdir,
             ttl_seconds=ttl,
             idle_timeout_seconds=idle_timeout,
+            tools=_tools_choice(tools),
         )
     if json_:
         print_json(sb.info)
@@ -168,6 +189,12 @@ def _quantities(cpu: str | None, memory: str | None) -> list[str]:
 def list_(
     label: LabelOpt = None,
     status: Annotated[str | None, typer.Option("--status", help="Only this status.")] = None,
+    chunk_size: Annotated[
+        int,
+        typer.Option(
+            "--chunk-size", min=1, max=10_000, help="Sandboxes fetched per request (as kubectl)."
+        ),
+    ] = 500,
     output: OutputOpt = None,
     quiet: QuietOpt = False,
     json_: JsonOpt = False,
@@ -175,10 +202,12 @@ def list_(
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """List sandboxes, filtered by label and status."""
+    """List sandboxes, newest first, filtered by label and status."""
     fmt = output_format(output, json_=json_, quiet=quiet)
     with connect(url, api_key, context) as client:
-        sandboxes = client.list_sandboxes(labels=_pairs(label, "label") or None, status=status)
+        sandboxes = client.list_sandboxes(
+            labels=_pairs(label, "label") or None, status=status, chunk_size=chunk_size
+        )
     emit_list(sandboxes, SANDBOX_COLUMNS, fmt, kind="sandbox", key=lambda sb: sb.sandbox_id)
 
 
@@ -247,7 +276,7 @@ def exec_(
     """
     argv: str | list[str] = command[0] if len(command) == 1 else command
     data = sys.stdin.buffer.read() if stdin else None
-    started: str | None = job_id
+    job_id = job_id or uuid.uuid4().hex  # known before it starts: an interrupt can cancel it
     with connect(url, api_key, context) as client:
         sandbox = client.get_sandbox(sandbox_id)
         final = None
@@ -260,13 +289,11 @@ def exec_(
             stdin=data,
             shell=isinstance(argv, str),  # several words: an exact argv, as docker exec runs it
             job_id=job_id,
-            cancel_on_interrupt=not detach_on_interrupt,
+            cancel_on_interrupt=False,  # below: an interrupt between events counts too
         )
         try:
             for event in events:
-                if event.event == "started":
-                    started = event.job_id
-                elif event.event == "stdout" and event.data:
+                if event.event == "stdout" and event.data:
                     sys.stdout.write(event.data)
                     sys.stdout.flush()
                 elif event.event == "stderr" and event.data:
@@ -275,7 +302,10 @@ def exec_(
                 elif event.event == "exit":
                     final = event.job
         except KeyboardInterrupt:
-            _interrupted(sandbox_id, started, command, detach_on_interrupt)
+            if detach_on_interrupt:
+                _detached(sandbox_id, job_id, command)
+            else:
+                _cancel_interrupted(client, job_id)
             raise typer.Exit(130) from None
     if final is None:
         err.print("[red]The output stream ended without an exit status.[/]")
@@ -297,19 +327,29 @@ def exit_status(code: int | None) -> int:
     return 128 - code if code < 0 else code
 
 
-def _interrupted(sandbox_id: str, job_id: str | None, command: list[str], detached: bool) -> None:
-    if job_id is None:
+def _detached(sandbox_id: str, job_id: str, command: list[str]) -> None:
+    again = shlex.join(["orchard", "sandbox", "exec", sandbox_id, "--job-id", job_id, "--"])
+    err.print(
+        f"Detached: job {job_id} keeps running. Re-attach with:\n  {again} {shlex.join(command)}"
+    )
+
+
+def _cancel_interrupted(client: SandboxClient, job_id: str) -> None:
+    """Cancel the interrupted command and say what became of it."""
+    try:
+        job = client.cancel_job(job_id)
+    except JobNotFound:
         err.print("Interrupted before the command started.")
         return
-    again = shlex.join(["orchard", "sandbox", "exec", sandbox_id, "--job-id", job_id, "--"])
-    again += " " + shlex.join(command)
-    if detached:
-        err.print(f"Detached: job {job_id} keeps running. Re-attach with:\n  {again}")
-    else:
+    if job.cancelled:
         err.print(
             f"Interrupted: job {job_id} was cancelled in the sandbox "
             "(--detach-on-interrupt keeps a command running instead)."
         )
+    elif job.is_complete:
+        err.print(f"Interrupted: job {job_id} had already ended ({job.status.value}).")
+    else:
+        err.print(f"Interrupted: job {job_id} was told to stop, but it was still running.")
 
 
 @app.command()
@@ -361,7 +401,8 @@ def cp(
     """Copy files or directories into or out of a sandbox, like `docker cp`.
 
     Directories are copied recursively. A destination that ends in / or is an existing
-    directory receives the source under its own name; SRC/. copies a directory's contents.
+    directory receives the source under its own name; SRC/. copies a directory's contents,
+    and ID:. the contents of the sandbox's working directory.
     '-' as the source reads a tar archive from stdin and extracts it into a sandbox
     directory; '-' as the destination writes the sandbox path to stdout as a tar archive.
     Symlinks and special files are skipped (and named).

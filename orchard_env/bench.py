@@ -8,7 +8,7 @@ noisy: ratios travel, absolute numbers do not.
 from __future__ import annotations
 
 import asyncio
-import os
+import secrets
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchard_env import bench_host
+from orchard_env.bench_host import cpu_seconds, stat_fields
+from orchard_env.errors import OrchardError
+from orchard_env.protocol import SandboxStatus
 from orchard_env.sdk import AsyncSandbox, AsyncSandboxClient, SandboxClient
 
 Progress = Callable[[str], None]
@@ -99,42 +103,6 @@ class BenchResult:
         for key, value in self.figures.items():
             lines.append(f"- {key}: {value:g}")
         return "\n".join(lines) + "\n"
-
-
-def listener_pid(port: int) -> int | None:
-    """The pid of the process on this host listening on TCP ``port`` (None if not found, e.g.
-    the service is remote or another user's): from /proc/net/tcp{,6} and the fds in /proc."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as rows:
-                next(rows)
-                for row in rows:
-                    fields = row.split()
-                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                        inodes.add(f"socket:[{fields[9]}]")
-        except OSError:
-            continue
-    for proc in Path("/proc").iterdir() if inodes else ():
-        try:
-            if proc.name.isdigit() and any(
-                str(fd.readlink()) in inodes for fd in (proc / "fd").iterdir()
-            ):
-                return int(proc.name)
-        except OSError:
-            continue
-    return None
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used so far."""
-    fields = stat_fields(pid)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def stat_fields(pid: int) -> list[str]:
-    """The fields of /proc/<pid>/stat after the command name (state first, then ppid)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -266,20 +234,81 @@ def _agent_memory(listing: str) -> dict[str, float]:
 
 
 def bench_create(
-    client: SandboxClient, *, image: str, n: int = 10, progress: Progress = lambda _m: None
+    client: SandboxClient,
+    *,
+    image: str,
+    n: int = 10,
+    pool: bool = False,
+    progress: Progress = lambda _m: None,
 ) -> BenchResult:
-    """Create → first successful exec, one sandbox at a time, image present."""
-    result = BenchResult("create to first exec", {"image": image, "n": n})
-    samples = []
-    for i in range(n):
-        progress(f"sandbox {i + 1}/{n}")
+    """Create → first successful exec, one sandbox at a time, image present. With ``pool``
+    (admin key), also from a warm pool made for the run, each pooled sample right after a
+    cold one of the same spec (cold: a create naming its own id, which no pool serves)."""
+    result = BenchResult("create to first exec", {"image": image, "n": n, "pool": pool})
+
+    def sample(sandbox_id: str | None) -> tuple[float, float, bool]:
+        """(seconds to the create's answer, to the first exec's, served by the pool)"""
         started = time.perf_counter()
-        sandbox = client.create_sandbox(image)
+        sandbox = client.create_sandbox(image, sandbox_id=sandbox_id)
+        answered = time.perf_counter() - started
         sandbox.exec(["true"], check=True, shell=False)
-        samples.append(time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        from_pool = sandbox.info.status is SandboxStatus.READY and sandbox_id is None
         sandbox.delete()
-    result.stats["create + first exec"] = Stats.of(samples)
+        return answered, elapsed, from_pool
+
+    if not pool:
+        samples = []
+        for i in range(n):
+            progress(f"sandbox {i + 1}/{n}")
+            samples.append(sample(None)[1])
+        result.stats["create + first exec"] = Stats.of(samples)
+        return result
+    name = f"bench-{secrets.token_hex(3)}"
+    client.create_pool(name, image, POOL_BENCH_SIZE)
+    cold: list[float] = []
+    warm: list[float] = []
+    warm_create: list[float] = []
+    missed = 0
+    try:
+        for i in range(n):
+            progress(f"cold sandbox {i + 1}/{n}")
+            cold.append(sample(f"bench-cold-{secrets.token_hex(4)}")[1])
+            progress(f"waiting for pool {name} to refill")
+            _wait_pool_full(client, name)
+            progress(f"pooled sandbox {i + 1}/{n}")
+            answered, elapsed, from_pool = sample(None)
+            warm_create.append(answered)
+            warm.append(elapsed)
+            missed += not from_pool
+    finally:
+        client.delete_pool(name)
+    result.stats["create + first exec (cold)"] = Stats.of(cold)
+    result.stats["create + first exec (from a warm pool)"] = Stats.of(warm)
+    result.stats["create's answer alone (from a warm pool)"] = Stats.of(warm_create)
+    result.figures["pooled samples not served by the pool"] = missed
+    result.figures["ratio p50 (pool / cold)"] = round(
+        result.stats["create + first exec (from a warm pool)"].p50
+        / result.stats["create + first exec (cold)"].p50,
+        4,
+    )
     return result
+
+
+POOL_BENCH_SIZE = 2
+
+
+def _wait_pool_full(client: SandboxClient, name: str, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        info = client.get_pool(name)
+        if info.ready >= info.size:
+            return
+        if info.error or time.monotonic() > deadline:
+            raise OrchardError(
+                f"pool {name} did not fill: {info.error or f'{info.ready}/{info.size} ready'}"
+            )
+        time.sleep(0.05)
 
 
 LAUNCH_COMMANDS: tuple[str | list[str], ...] = (
@@ -295,71 +324,177 @@ def bench_launch(
     *,
     image: str,
     n: int = 100,
+    pool: bool = False,
+    engine_url: str | None = None,
     progress: Progress = lambda _m: None,
 ) -> BenchResult:
-    """n sandboxes created concurrently, each running 4 commands, then deleted."""
+    """n sandboxes created concurrently, each running 4 commands; once all are done (all n
+    alive at once) the host's memory is sampled, then they are deleted. ``pool``: from a warm
+    pool of n filled first (admin key). ``engine_url`` (local engine): also time the engine
+    alone creating n plain containers, as a same-run baseline."""
 
     async def run() -> BenchResult:
         async with make_client() as client:
-            return await _launch(client, image=image, n=n, progress=progress)
+            return await _launch(
+                client, image=image, n=n, pool=pool, engine_url=engine_url, progress=progress
+            )
 
     return asyncio.run(run())
 
 
+async def _fill_pool(client: AsyncSandboxClient, image: str, n: int, progress: Progress) -> str:
+    name = f"bench-launch-{secrets.token_hex(3)}"
+    await client.create_pool(name, image, n)
+    while True:
+        info = await client.get_pool(name)
+        progress(f"pool {name}: {info.ready}/{n} ready")
+        if info.ready >= n:
+            return name
+        if info.error:
+            await client.delete_pool(name)
+            raise OrchardError(f"pool {name} did not fill: {info.error}")
+        await asyncio.sleep(0.5)
+
+
 async def _launch(
-    client: AsyncSandboxClient, *, image: str, n: int, progress: Progress
+    client: AsyncSandboxClient,
+    *,
+    image: str,
+    n: int,
+    pool: bool,
+    engine_url: str | None,
+    progress: Progress,
 ) -> BenchResult:
     result = BenchResult(
-        "concurrent launch", {"image": image, "sandboxes": n, "commands each": len(LAUNCH_COMMANDS)}
+        "concurrent launch",
+        {
+            "image": image,
+            "sandboxes": n,
+            "commands each": len(LAUNCH_COMMANDS),
+            "from a warm pool": pool,
+        },
     )
+    orchestrator = bench_host.service_pid(client.base_url)
+    engine = bench_host.engine_pid(engine_url) if engine_url else None
+    if engine_url is not None:
+        progress(f"the engine alone: {n} plain containers")
+        alone = await asyncio.to_thread(bench_host.engine_alone, engine_url, image, n)
+        result.figures["engine alone: seconds for n plain containers"] = round(alone, 2)
+        result.figures["engine alone: creates per second"] = round(n / alone, 1)
+    before = bench_host.sample(orchestrator, engine)
+    pool_name = None
+    if pool:
+        started = time.perf_counter()
+        pool_name = await _fill_pool(client, image, n, progress)
+        result.figures["pool fill seconds (before the timed launch)"] = round(
+            time.perf_counter() - started, 1
+        )
     creates: list[float] = []
     execs: list[float] = []
     failures: list[str] = []
-    done = 0
+    finished = 0
+    peak = before
+    last_ready = 0.0
+    launched = bench_host.sample(orchestrator, engine)
+    client_cpu = time.process_time()
+    started = time.perf_counter()
 
-    async def one(i: int) -> int:
-        nonlocal done
-        started = time.perf_counter()
+    def one_finished() -> None:
+        nonlocal finished, peak
+        finished += 1
+        progress(f"{finished}/{n} sandboxes done")
+        if finished == n:
+            peak = bench_host.sample(orchestrator, engine)
+
+    async def one(i: int) -> tuple[int, AsyncSandbox | None]:
+        nonlocal last_ready
+        t0 = time.perf_counter()
         try:
             sandbox = await client.create_sandbox(image, labels={"bench": "launch"})
         except Exception as exc:  # a failed create is a data point, not a crash
             failures.append(f"create {i}: {exc}")
-            return 0
-        creates.append(time.perf_counter() - started)
+            one_finished()
+            return 0, None
+        creates.append(time.perf_counter() - t0)
+        last_ready = max(last_ready, time.perf_counter() - started)
         ok = 0
         try:
             for command in LAUNCH_COMMANDS:
-                t0 = time.perf_counter()
+                t1 = time.perf_counter()
                 run = await sandbox.exec(command)
-                execs.append(time.perf_counter() - t0)
+                execs.append(time.perf_counter() - t1)
                 if run.exit_code == 0:
                     ok += 1
                 else:
                     failures.append(f"exec {i} {command!r}: exit {run.exit_code}")
-        finally:
-            await sandbox.delete()
-            done += 1
-            progress(f"{done}/{n} sandboxes done")
-        return ok
+        except Exception as exc:
+            failures.append(f"exec {i}: {exc}")
+        one_finished()
+        return ok, sandbox
 
-    started = time.perf_counter()
-    oks = await asyncio.gather(*(one(i) for i in range(n)))
-    total = time.perf_counter() - started
-    commands = sum(oks)
+    try:
+        outcomes = await asyncio.gather(*(one(i) for i in range(n)))
+        total = time.perf_counter() - started
+        client_cpu = time.process_time() - client_cpu
+        progress("deleting them")
+        deleting = time.perf_counter()
+        await asyncio.gather(
+            *(sandbox.delete() for _, sandbox in outcomes if sandbox is not None),
+            return_exceptions=True,
+        )
+        deleted = time.perf_counter() - deleting
+    finally:
+        if pool_name is not None:
+            await client.delete_pool(pool_name)
+    commands = sum(ok for ok, _ in outcomes)
     result.stats["create (concurrent)"] = Stats.of(creates) if creates else Stats.of([float("nan")])
     if execs:
         result.stats["exec (under load)"] = Stats.of(execs)
     result.figures.update(
         {
-            "total seconds": round(total, 2),
+            "total seconds (all created and their commands done)": round(total, 2),
             "sandboxes succeeded": len(creates),
             "success %": round(100 * len(creates) / n, 1),
+            "creates per second (until the last was ready)": round(
+                len(creates) / last_ready if last_ready else 0.0, 1
+            ),
             "commands succeeded": commands,
             "commands per second": round(commands / total, 1),
+            "delete all seconds": round(deleted, 2),
+            "benchmark client CPU seconds (this process, same machine)": round(client_cpu, 2),
         }
     )
+    result.figures.update(_memory_figures(before, peak, len(creates)))
+    for what, then, now in (
+        ("orchestrator", launched.orchestrator_cpu, peak.orchestrator_cpu),
+        ("engine service", launched.engine_cpu, peak.engine_cpu),
+    ):
+        if then is not None and now is not None:
+            result.figures[f"{what} CPU seconds during the launch"] = round(now - then, 2)
     result.params["failures"] = failures[:5]
     return result
+
+
+def _memory_figures(
+    before: bench_host.HostSample, peak: bench_host.HostSample, alive: int
+) -> dict[str, float]:
+    """Memory with all sandboxes alive, against before the launch (MB)."""
+    figures: dict[str, float] = {}
+    used = before.available_mb - peak.available_mb
+    if alive:
+        figures["host memory used per sandbox MB (MemAvailable drop / n)"] = round(used / alive, 1)
+    for what, then, now in (
+        ("orchestrator", before.orchestrator_mb, peak.orchestrator_mb),
+        ("engine service", before.engine_mb, peak.engine_mb),
+    ):
+        if then is not None and now is not None:
+            figures[f"{what} RSS MB (all alive)"] = now
+            figures[f"{what} RSS MB (before)"] = then
+            if alive and what == "engine service" and used > 0:
+                figures["engine service's share of the host memory used %"] = round(
+                    100 * (now - then) / used, 1
+                )
+    return figures
 
 
 def bench_fork(

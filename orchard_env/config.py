@@ -15,15 +15,16 @@ import os
 import secrets
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import tomli_w
 
-from orchard_env.errors import ConfigError
+from orchard_env.errors import ConfigError, InvalidRequest
 from orchard_env.protocol import parse_cpu, parse_memory, sandbox_cpu, sandbox_memory
+from orchard_env.tools import VERSIONS, parse_harnesses, parse_versions
 
 
 def config_dir() -> Path:
@@ -62,6 +63,19 @@ def _non_negative_int(value: str) -> int:
     if number < 0:
         raise ValueError("must be zero or a positive whole number")
     return number
+
+
+def _harness_profile(value: str) -> tuple[str, ...]:
+    try:
+        return parse_harnesses(value)
+    except InvalidRequest as exc:
+        raise ValueError(exc.message) from None
+
+
+def _volume_mode(value: str) -> str:
+    if value not in ("image", "initcontainer", "off"):
+        raise ValueError("must be image, initcontainer or off")
+    return value
 
 
 def _cidr_list(value: str) -> tuple[str, ...]:
@@ -135,6 +149,26 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
         "lifetime of a snapshot that asks for none (forks' too); 0 = kept until deleted",
     ),
     Setting("agent_bundle_dir", None, Path, "the relocatable agent bundle to mount"),
+    # The tools payload (agent harnesses at /opt/sandbox-tools, see orchard_env.tools)
+    Setting(
+        "tools",
+        "all",
+        _harness_profile,
+        "harnesses in the tools payload: all, none or a list (codex,claude,opencode,pi,hermes)",
+    ),
+    Setting(
+        "tools_versions",
+        "",
+        parse_versions,
+        "version overrides, NAME=VERSION,... (e.g. codex=0.172.0)",
+    ),
+    Setting("tools_dir", None, Path, "a built tools payload to mount (default: built and cached)"),
+    Setting(
+        "tools_cache_dir",
+        None,
+        Path,
+        "where payloads are cached (default /var/cache/orchard/tools)",
+    ),
     Setting("bootstrap_key_file", None, Path, "file with an API key imported as admin at start"),
     # Kubernetes backend
     Setting("k8s_namespace", "orchard-sandboxes", str, "namespace the sandbox pods run in"),
@@ -142,6 +176,14 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
     Setting("k8s_context", None, str, "kubeconfig context; default: the current one"),
     Setting("agent_image", None, str, "agent-injector image (copies the bundle into each pod)"),
     Setting("agent_port", "9090", _positive_int, "TCP port of the agent inside a pod"),
+    Setting("tools_image", None, str, "tools image (the payload at /opt/sandbox-tools)"),
+    Setting(
+        "tools_volume_mode",
+        "initcontainer",
+        _volume_mode,
+        "how pods get the tools image: image (an image volume, Kubernetes >= 1.33 with the "
+        "ImageVolume feature), initcontainer (copied into an emptyDir) or off",
+    ),
     Setting("runtime_class", None, str, "runtimeClassName for sandbox pods (gvisor, kata)"),
     Setting("ephemeral_storage", "10Gi", parse_memory, "ephemeral-storage limit per sandbox pod"),
     Setting(
@@ -157,6 +199,12 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
     Setting("snapshotter_port", "9091", _positive_int, "TCP port of the node snapshotters"),
     Setting("registry_config", None, Path, "docker config JSON with the registry's credentials"),
     Setting("registry_plain_http", "false", _bool, "speak plain HTTP to the registry (tests)"),
+    Setting(
+        "model_endpoints_file",
+        None,
+        Path,
+        "TOML file of the model endpoints (and their keys) sandbox gateways forward to",
+    ),
 )
 
 CLIENT_SETTINGS: tuple[Setting, ...] = (
@@ -392,6 +440,13 @@ class ServiceSettings:
     snapshotter_port: int = 9091
     registry_config: Path | None = None
     registry_plain_http: bool = False
+    model_endpoints_file: Path | None = None
+    tools: tuple[str, ...] = ()
+    tools_versions: Mapping[str, str] = field(default_factory=lambda: dict(VERSIONS))
+    tools_dir: Path | None = None
+    tools_cache_dir: Path | None = None
+    tools_image: str | None = None
+    tools_volume_mode: str = "initcontainer"
 
     @property
     def db_path(self) -> Path:

@@ -132,6 +132,11 @@ class SnapshotNotFound(NotFound):
 
 
 @_register
+class PoolNotFound(NotFound):
+    code = "pool_not_found"
+
+
+@_register
 class ImageNotFound(OrchardError):
     """The container image does not exist locally and cannot be pulled."""
 

@@ -27,6 +27,9 @@ from pydantic import (
     model_validator,
 )
 
+from orchard_env.errors import InvalidRequest
+from orchard_env.tools import check_harnesses
+
 # --- validation helpers ------------------------------------------------------------------
 
 SANDBOX_ID_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -370,6 +373,92 @@ SandboxPath = Annotated[
 SandboxId = Annotated[str, Field(json_schema_extra={"pattern": SANDBOX_ID_RE.pattern})]
 
 
+TRAJECTORY_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+TrajectoryId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=128,
+        json_schema_extra={"pattern": TRAJECTORY_ID_RE.pattern},
+        description="1-128 of A-Z a-z 0-9 . _ : -, starting with a letter or digit",
+    ),
+    AfterValidator(lambda v: _check_trajectory(v)),
+]
+
+
+def _check_trajectory(value: str) -> str:
+    if not TRAJECTORY_ID_RE.fullmatch(value):
+        raise ValueError(
+            f"trajectory_id {value[:60]!r}: use 1-128 of A-Z a-z 0-9 . _ : -, "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+class ModelGatewaySpec(RequestModel):
+    """``model_gateway`` of a create: a model gateway at ``127.0.0.1:4000`` in the sandbox,
+    forwarding to endpoints the service configured (by name; default: the service's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    openai: str | None = Field(
+        default=None, max_length=128, description="an OpenAI-compatible endpoint of the service"
+    )
+    anthropic: str | None = Field(
+        default=None, max_length=128, description="an Anthropic Messages endpoint of the service"
+    )
+    model: str | None = Field(
+        default=None, max_length=256, description="the model the harnesses are configured for"
+    )
+    trajectory_id: TrajectoryId | None = None
+    max_calls: int | None = Field(
+        default=None, ge=1, description="model calls the sandbox may make"
+    )
+    max_tokens: int | None = Field(
+        default=None, ge=1, description="input + output tokens the sandbox may use"
+    )
+
+
+class ModelGatewayInfo(BaseModel):
+    """A sandbox's gateway: its endpoints (by name), model, current trajectory and budget."""
+
+    openai: str | None = None
+    anthropic: str | None = None
+    model: str | None = None
+    trajectory_id: str = "default"
+    max_calls: int | None = None
+    max_tokens: int | None = None
+    base_url: str = "http://127.0.0.1:4000"
+
+
+class TrajectoryRequest(RequestModel):
+    """``PUT /sandboxes/{id}/trajectory``: where the sandbox's next model calls go."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trajectory_id: TrajectoryId
+
+
+class TrajectorySummary(BaseModel):
+    trajectory_id: str
+    calls: int
+    first_at: str
+    last_at: str
+    input_tokens: int
+    output_tokens: int
+    errors: int
+
+
+class TrajectoryList(BaseModel):
+    trajectories: list[TrajectorySummary]
+
+
+class ModelCallList(BaseModel):
+    """Recorded model calls (``orchard.model_call/v1`` records), oldest first."""
+
+    calls: list[dict[str, Any]]
+
+
 class CreateSandboxRequest(RequestModel):
     """``POST /sandboxes``. Upstream fields first; ``timeout`` is upstream's readiness timeout."""
 
@@ -392,6 +481,32 @@ class CreateSandboxRequest(RequestModel):
         description="disk the sandbox may write, as a quantity (at least 32Mi); refused "
         "(400) where the backend cannot enforce it",
     )
+    model_gateway: ModelGatewaySpec | None = Field(
+        default=None,
+        description="a model gateway in the sandbox (127.0.0.1:4000), its calls recorded; "
+        "{} for the service's default endpoints",
+    )
+    tools: bool | list[str] | None = Field(
+        default=None,
+        description="agent harnesses at /opt/sandbox-tools: true or absent for all the "
+        "service has, false for none, or a list of codex, claude, opencode, pi, hermes",
+    )
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, v: bool | list[str] | None) -> bool | list[str] | None:
+        if isinstance(v, list):
+            try:
+                return list(check_harnesses(v))
+            except InvalidRequest as exc:
+                raise ValueError(exc.message) from None
+        return v
+
+    def tool_selection(self) -> tuple[str, ...] | None:
+        """None: all the service has; otherwise exactly these (``()``: none)."""
+        if self.tools is None or self.tools is True:
+            return None
+        return () if self.tools is False else tuple(self.tools)
 
     @field_validator("image")
     @classmethod
@@ -456,10 +571,19 @@ class SandboxInfo(BaseModel):
     last_activity_at: Timestamp | None = None
     deleted_at: Timestamp | None = None
     source_snapshot: str | None = None
+    model_gateway: ModelGatewayInfo | None = None
+    tools: list[str] | None = Field(
+        default=None, description="the harnesses it asked for (null: all the service has)"
+    )
 
 
 class SandboxList(BaseModel):
+    """``GET /sandboxes``. With ``limit``, one page: ``continue`` (as in Kubernetes lists) is
+    set while more may follow; pass it back as the ``continue`` query parameter. A page may
+    hold fewer than ``limit`` sandboxes (label filters apply after paging)."""
+
     sandboxes: list[SandboxInfo]
+    continue_token: str | None = Field(default=None, alias="continue")
 
 
 class DeleteResponse(BaseModel):
@@ -955,6 +1079,99 @@ class ForkResult(BaseModel):
     snapshot: Snapshot
     sandboxes: list[SandboxInfo]
     failures: list[ForkFailure] = Field(default_factory=list)
+
+
+# --- warm pools ------------------------------------------------------------------------------
+
+MAX_POOL_SIZE = 500
+
+
+class PoolSpec(RequestModel):
+    """What a pool's sandboxes are made with: a create request with the same image, cpu,
+    memory, network, env and workdir (after defaults) and no ``sandbox_id`` or ``disk``
+    takes one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str = Field(max_length=MAX_IMAGE_LENGTH, json_schema_extra={"pattern": IMAGE_RE.pattern})
+    block_network: bool = True
+    cpu: Cpu | None = None
+    memory: Memory | None = None
+    env: Env = Field(default_factory=dict)
+    workdir: AbsolutePath | None = None
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        return check_image(v)
+
+    @field_validator("cpu")
+    @classmethod
+    def _cpu(cls, v: str | float | None) -> str | float | None:
+        return CreateSandboxRequest._cpu(v)
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, v: str | int | None, info: ValidationInfo) -> str | int | None:
+        return CreateSandboxRequest._memory(v, info)
+
+    @field_validator("workdir", mode="before")
+    @classmethod
+    def _workdir(cls, v: Any) -> Any:
+        return CreateSandboxRequest._workdir(v)
+
+
+class PoolCreateRequest(PoolSpec):
+    """``POST /pools`` (admin)."""
+
+    name: str = Field(description="The pool's id: a DNS label, e.g. debian-small.")
+    size: int = Field(ge=0, le=MAX_POOL_SIZE, description="Ready sandboxes to keep.")
+    ttl_seconds: int | None = Field(
+        default=None,
+        ge=60,
+        description="How long a pooled sandbox waits unclaimed before it is replaced "
+        "(default: the service's sandbox TTL, else one hour).",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not SANDBOX_ID_RE.match(v):
+            raise ValueError(
+                f"pool name {v!r} is not a DNS label: use 1-63 lowercase letters, digits "
+                "and '-', starting and ending with a letter or digit"
+            )
+        return v
+
+
+class PoolResizeRequest(BaseModel):
+    """``PATCH /pools/{name}`` (admin)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    size: int = Field(ge=0, le=MAX_POOL_SIZE)
+
+
+class PoolInfo(BaseModel):
+    name: str
+    image: str
+    block_network: bool
+    cpu: str
+    memory: str
+    env: dict[str, str]
+    workdir: str
+    size: int
+    ttl_seconds: int
+    ready: int = Field(description="Sandboxes ready to be claimed now.")
+    starting: int = Field(description="Sandboxes being made to refill the pool.")
+    error: str | None = Field(
+        default=None, description="Why the last refill could not start a sandbox, if it failed."
+    )
+    created_at: Timestamp
+
+
+class PoolList(BaseModel):
+    pools: list[PoolInfo]
 
 
 # --- errors ----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,7 +92,12 @@ def _service_env(settings: ServiceSettings) -> dict[str, str]:
     env = dict(os.environ)
     for key, value in vars(settings).items():
         if value is not None:
-            text = ",".join(value) if isinstance(value, tuple) else str(value)
+            if isinstance(value, tuple):
+                text = ",".join(value)
+            elif isinstance(value, Mapping):
+                text = ",".join(f"{k}={v}" for k, v in value.items())
+            else:
+                text = str(value)
             env["ORCHARD_" + key.upper()] = text
     return env
 
@@ -190,6 +196,7 @@ class LocalProvider:
 
         progress("building the agent bundle")
         bundle = ensure_bundle(self.paths.bundle_cache)
+        tools = self._tools(progress)
         client = docker.DockerClient(base_url=find_engine(self.settings.docker_host))
         try:
             present = bool(client.images.list(name=SANDBOX_IMAGE))
@@ -201,7 +208,29 @@ class LocalProvider:
         finally:
             client.close()
         how = "present" if present else "built locally from Debian packages (no registry needed)"
-        return StageResult("images", f"agent bundle {bundle.name}; sandbox image {image} {how}")
+        return StageResult(
+            "images", f"agent bundle {bundle.name}; {tools}; sandbox image {image} {how}"
+        )
+
+    def _tools(self, progress: Progress) -> str:
+        """Build (or find cached) the tools payload the service will mount."""
+        from orchard_env.tools.payload import ensure_payload
+
+        if self.settings.tools_dir is not None:
+            return f"tools payload {self.settings.tools_dir}"
+        if not self.settings.tools:
+            return "no tools payload (tools = none)"
+        progress(
+            f"building the tools payload ({', '.join(self.settings.tools)}; first run: minutes)"
+        )
+        payload = ensure_payload(
+            self.settings.tools,
+            self.settings.tools_versions,
+            cache_dir=self.settings.tools_cache_dir,
+            progress=progress,
+        )
+        self.settings = dataclasses.replace(self.settings, tools_dir=payload)
+        return f"tools payload {payload.name} ({', '.join(self.settings.tools)})"
 
     def deploy(self, progress: Progress) -> StageResult:
         api_key = self._admin_key(progress)

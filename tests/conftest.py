@@ -2,9 +2,9 @@
 images, the agent bundle, and the instance name engine tests label their containers with.
 
 Without an engine these fixtures fail with EngineNotFound's message; set
-``ORCHARD_SKIP_ENGINE=1`` to skip the engine tests instead. Containers of this session's
-test instances (``pytest-<pid>...``) are removed when the session ends, and those of
-earlier sessions whose process is gone are removed when the engine is first used.
+``ORCHARD_SKIP_ENGINE=1`` to skip the engine tests instead. Containers and snapshot images of
+this session's test instances (``pytest-<pid>...``) are removed when the session ends, and
+those of earlier sessions whose process is gone are removed when the engine is first used.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -36,27 +37,39 @@ TEST_INSTANCE = f"pytest-{os.getpid()}"
 _TEST_INSTANCE_RE = re.compile(r"^pytest-(\d+)")
 
 
-def _remove_test_containers(client: docker.DockerClient, *, current: bool) -> None:
-    """Remove the containers of this session's test instances (``current``), or of earlier
-    sessions whose pytest process no longer exists."""
-    # The list endpoint's own summaries: inspecting each container would fail (Podman: 500 "no
-    # such container") when another test session removes one meanwhile.
-    for summary in client.api.containers(
-        all=True, filters={"label": f"{LABEL_CREATED_BY}=orchard"}
-    ):
-        match = _TEST_INSTANCE_RE.match((summary.get("Labels") or {}).get(LABEL_INSTANCE, ""))
-        if match is None:
-            continue
-        pid = int(match.group(1))
-        mine = pid == os.getpid()
-        if (mine and current) or (not mine and not current and not Path(f"/proc/{pid}").exists()):
-            try:
-                client.api.remove_container(summary["Id"], force=True, v=True)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError as exc:
-                if "no such container" not in str(exc):
-                    raise
+def _is_removable(labels: dict[str, str] | None, *, current: bool) -> bool:
+    """Whether an object labelled ``labels`` belongs to this session's test instances
+    (``current``), or to an earlier session whose pytest process no longer exists."""
+    match = _TEST_INSTANCE_RE.match((labels or {}).get(LABEL_INSTANCE, ""))
+    if match is None:
+        return False
+    pid = int(match.group(1))
+    if pid == os.getpid():
+        return current
+    return not current and not Path(f"/proc/{pid}").exists()
+
+
+def _remove_test_objects(client: docker.DockerClient, *, current: bool) -> None:
+    """Remove the containers, then the images (snapshots), of test instances: this session's
+    (``current``) or dead sessions'. The list endpoints' own summaries are used: inspecting
+    each object would fail (Podman: 500 "no such ...") when another session removes it."""
+    created_by = {"label": f"{LABEL_CREATED_BY}=orchard"}
+    for summary in client.api.containers(all=True, filters=created_by):
+        if _is_removable(summary.get("Labels"), current=current):
+            _ignore_gone(client.api.remove_container, summary["Id"], force=True, v=True)
+    for summary in client.api.images(filters=created_by):
+        if _is_removable(summary.get("Labels"), current=current):
+            _ignore_gone(client.api.remove_image, summary["Id"], force=True)
+
+
+def _ignore_gone(remove: Any, object_id: str, **options: Any) -> None:
+    try:
+        remove(object_id, **options)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if "no such" not in str(exc) and "not known" not in str(exc):
+            raise
 
 
 def image_tags(client: docker.DockerClient, label: str) -> list[str]:
@@ -99,9 +112,9 @@ def docker_client() -> Iterator[docker.DockerClient]:
             pytrace=False,
         )
     client = docker.DockerClient(base_url=url, timeout=120)
-    _remove_test_containers(client, current=False)
+    _remove_test_objects(client, current=False)
     yield client
-    _remove_test_containers(client, current=True)
+    _remove_test_objects(client, current=True)
     client.close()
 
 
@@ -130,6 +143,16 @@ def agent_bundle() -> Path:
     from orchard_env.agent.bundle import ensure_bundle
 
     return ensure_bundle(image_cache_dir().parent / "test-bundle")
+
+
+@pytest.fixture(scope="session")
+def tools_payload() -> Path:
+    """The tools payload (all five harnesses), built once per machine into its cache
+    (/var/cache/orchard/tools/<key>) by the first test run that needs it: minutes, from the
+    registries; seconds after."""
+    from orchard_env.tools.payload import ensure_payload
+
+    return ensure_payload(progress=lambda line: print(f"tools payload: {line}", flush=True))
 
 
 # ~/.bashrc as SWE-bench-style images have it: guarded against non-interactive shells, then

@@ -50,7 +50,9 @@ Routes
     live output, then the exit event (409 ``conflict`` if the command differs).
 
     ``GET /exec/{job_id}`` attaches (same stream); ``POST /exec/{job_id}/cancel`` ->
-    ``{"job_id", "cancelled": bool}`` (false when it had already finished).
+    ``{"job_id", "cancelled": bool}`` (false when it had already finished, or exited by
+    itself). A job id not known yet is remembered (the last 1024): its exec, arriving after
+    the cancel, ends ``cancelled`` (``error`` "cancelled before it started") without running.
 
     ``GET /files?path=`` raw bytes (404 missing, 400 directory); ``PUT /files?path=&mode=0644``
     raw body, written to a temporary file beside the target and renamed (parents created) ->

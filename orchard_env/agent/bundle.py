@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypedDict
 
@@ -273,8 +274,14 @@ def _shared_libraries(files: list[Path]) -> tuple[dict[str, Path], Path]:
     return libraries, loader
 
 
-def _ignore_pruned(folder: str, names: list[str]) -> set[str]:
-    ignored = {name for name in names if name in PRUNE_DIRS or name.startswith("config-3")}
+def _pruner(keep: frozenset[str]) -> Callable[[str, list[str]], set[str]]:
+    """The copytree filter: pruned stdlib directories (less ``keep``) and dead links."""
+    pruned = PRUNE_DIRS - keep
+    return lambda folder, names: _ignore_pruned(folder, names, pruned)
+
+
+def _ignore_pruned(folder: str, names: list[str], pruned: frozenset[str]) -> set[str]:
+    ignored = {name for name in names if name in pruned or name.startswith("config-3")}
     ignored.update(n for n in names if n.endswith((".opt-1.pyc", ".opt-2.pyc", ".exe")))
     # A link out of the stdlib that leads nowhere (Debian's sitecustomize.py points into
     # /etc/python3.11, which the agent never reads: it runs with -I -S).
@@ -289,7 +296,7 @@ def _extension_name(filename: str, suffixes: list[str]) -> str | None:
     return None
 
 
-def _populate(root: Path, python: Path) -> None:
+def _populate(root: Path, python: Path, keep: frozenset[str]) -> None:
     info = _probe(python)
     assert info is not None
     major, minor = info["version"]
@@ -299,7 +306,7 @@ def _populate(root: Path, python: Path) -> None:
 
     (root / "bin").mkdir(parents=True)
     shutil.copy2(python, root / "bin" / "python3")
-    shutil.copytree(stdlib, target_stdlib, ignore=_ignore_pruned, copy_function=shutil.copy2)
+    shutil.copytree(stdlib, target_stdlib, ignore=_pruner(keep), copy_function=shutil.copy2)
 
     dynload_dir = target_stdlib / "lib-dynload"
     dynload_dir.mkdir()
@@ -307,7 +314,9 @@ def _populate(root: Path, python: Path) -> None:
     if info["dynload"]:
         for entry in sorted(Path(info["dynload"]).iterdir()):
             name = _extension_name(entry.name, suffixes)
-            if name is None or name in PRUNE_EXTENSIONS or name.startswith("_test"):
+            if name is None or name.startswith("_test"):
+                continue
+            if name in PRUNE_EXTENSIONS and name not in keep:
                 continue
             shutil.copy2(entry, dynload_dir / entry.name)
             extensions.append(dynload_dir / entry.name)
@@ -401,16 +410,20 @@ def verify_bundle(root: Path) -> None:
     _run_bundled(root, _VERIFY, str(root))
 
 
-def build_bundle(dest: Path, python: Path | None = None) -> Path:
+def build_bundle(
+    dest: Path, python: Path | None = None, *, keep: frozenset[str] = frozenset()
+) -> Path:
     """Build the bundle at ``dest`` (which must not exist) from ``python`` (see
     :func:`find_python`): built and verified in a temporary folder beside ``dest``, then
-    renamed into place, so ``dest`` is either absent or complete."""
+    renamed into place, so ``dest`` is either absent or complete. ``keep`` names stdlib
+    directories and extension modules to keep although the agent prunes them (a bundle for
+    another Python program, such as the hermes harness, needs ``_ssl`` or ``sqlite3``)."""
     interpreter = find_python(python)
     dest = dest.absolute()
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
-        _populate(tmp, interpreter)
+        _populate(tmp, interpreter, keep)
         verify_bundle(tmp)
         try:
             tmp.rename(dest)

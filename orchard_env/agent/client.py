@@ -173,13 +173,15 @@ class AgentClient:
         base_url: str | None = None,
         timeout: float = 30.0,
         env: dict[str, str] | None = None,
+        model: dict[str, Any] | None = None,
         on_tampered: Callable[[errors.AgentTampered], None] | None = None,
     ) -> None:
         """``token`` is the sandbox's key (see :mod:`orchard_env.agent.proof`); ``env`` the
         sandbox's environment for its commands, handed to the agent with the key when it is
         enrolled (:meth:`wait_ready`). ``on_tampered`` hears of every
         :class:`~orchard_env.errors.AgentTampered` before it is raised (the orchestrator
-        fails the sandbox)."""
+        fails the sandbox). ``model``: the sandbox's model gateway relay, handed over at
+        enrollment too (``{listen, socket, files}``, see :mod:`.daemon.model`)."""
         if (uds is None) == (base_url is None):
             raise errors.InvalidRequest("AgentClient needs exactly one of uds= or base_url=")
         if not token:
@@ -187,6 +189,7 @@ class AgentClient:
         self._token = token
         self._key = token.encode()
         self._env = dict(env or {})
+        self._model = model
         self._uds = uds
         self._base_url = (base_url or "http://agent").rstrip("/")
         self._where = uds if uds is not None else self._base_url
@@ -353,7 +356,10 @@ class AgentClient:
         An agent enrolled already must hold this very key (an orchestrator that restarted
         enrolled it before); one enrolled with another key is tampering.
         """
-        content = json.dumps({"key": self._token, "env": self._env}).encode()
+        enrollment: dict[str, Any] = {"key": self._token, "env": self._env}
+        if self._model is not None:
+            enrollment["model"] = self._model
+        content = json.dumps(enrollment).encode()
         try:
             await self._request("POST", "/enroll", content=content)
         except errors.Conflict:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from orchard_env.agent.client import AgentClient
 from orchard_env.errors import AgentTampered, AgentUnavailable
 from orchard_env.orchestrator.backends.base import AgentEndpoint
+from orchard_env.orchestrator.gateway.harness import gateway_enrollment
 from orchard_env.orchestrator.records import SandboxRecord
 
 
@@ -32,11 +33,15 @@ class AgentPool:
             if cached[0] == endpoint:
                 return cached[1]
             self._stale.setdefault(record.sandbox_id, []).append(cached[1])
+        env, model = record.env, None
+        if record.model_gateway is not None:
+            env, model = gateway_enrollment(record.model_gateway, record.env)
         client = AgentClient(
             token=endpoint.token,
             uds=endpoint.uds,
             base_url=None if endpoint.uds is not None else endpoint.base_url(),
-            env=record.env,
+            env=env,
+            model=model,
             on_tampered=lambda error: self._tampered(record.sandbox_id, error),
         )
         self._clients[record.sandbox_id] = (endpoint, client)

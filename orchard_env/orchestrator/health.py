@@ -79,7 +79,7 @@ class AgentHealth:
                         extra={"sandbox_id": record.sandbox_id, "error": str(exc)},
                     )
 
-        records = await self.store.list_sandboxes()
+        records = await self.store.list_sandboxes(pooled=True)
         await asyncio.gather(*(one(r) for r in records if r.status == SandboxStatus.READY))
 
     async def close(self) -> None:

@@ -30,6 +30,7 @@ from orchard_env.orchestrator.agents import AgentPool
 from orchard_env.orchestrator.auth import Caller
 from orchard_env.orchestrator.health import AgentHealth
 from orchard_env.orchestrator.records import JobRecord, SandboxRecord
+from orchard_env.orchestrator.revocation import KeySessions
 from orchard_env.orchestrator.sandboxes import SandboxService
 from orchard_env.orchestrator.store import Store
 from orchard_env.protocol import ExecEvent, ExecRequest, Job, JobStatus, SandboxStatus
@@ -205,6 +206,7 @@ class JobService:
         sandboxes: SandboxService,
         agents: AgentPool,
         health: AgentHealth,
+        sessions: KeySessions,
         clock: Callable[[], datetime],
         *,
         max_running: int = MAX_RUNNING_JOBS,
@@ -214,6 +216,7 @@ class JobService:
         self.sandboxes = sandboxes
         self.agents = agents
         self.health = health
+        self.sessions = sessions
         self.clock = clock
         self._runs: dict[tuple[str, str], JobRun] = {}  # (scope, job id) -> run
         self.slots = asyncio.Semaphore(max_running)  # commands in flight; the rest queue
@@ -296,10 +299,13 @@ class JobService:
         return self._current(record)
 
     async def exec(self, sandbox_id: str, request: ExecRequest, caller: Caller) -> Job:
+        """Submit (or find) a job; with ``wait``, the job once its command has ended. Only
+        the wait ends when the caller's key is revoked meanwhile (the command runs on)."""
         record = await self.submit(sandbox_id, request, caller)
         if request.wait:
             timeout = record.request.timeout_seconds + WAIT_GRACE_SECONDS
-            return (await self._wait_for(record, caller, timeout)).to_job()
+            waiting = self._wait_for(record, caller, timeout)
+            return (await self.sessions.unless_revoked(caller, waiting)).to_job()
         return record.to_job()
 
     async def stream(
@@ -353,7 +359,8 @@ class JobService:
     async def wait(self, job_id: str, caller: Caller, seconds: float) -> Job:
         """The job once finished, or as it is when ``seconds`` run out (never an error)."""
         record = await self._record(job_id, caller)
-        return (await self._wait_for(record, caller, seconds)).to_job()
+        waiting = self._wait_for(record, caller, seconds)
+        return (await self.sessions.unless_revoked(caller, waiting)).to_job()
 
     async def cancel(self, job_id: str, caller: Caller) -> Job:
         """Kill a running command's process tree (``failed`` with ``cancelled``); a finished

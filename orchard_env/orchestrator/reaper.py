@@ -1,5 +1,6 @@
 """The reaper: one loop that reconciles with the backend, probes the agents of ready
-sandboxes, and expires what should go (sandboxes, and snapshots with their images)."""
+sandboxes, expires what should go (sandboxes, and snapshots with their images) and has the
+warm pools replace theirs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from datetime import datetime, timedelta
 from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.health import AgentHealth
 from orchard_env.orchestrator.logs import isolated
+from orchard_env.orchestrator.pools import PoolService
 from orchard_env.orchestrator.sandboxes import SandboxService
 from orchard_env.orchestrator.snapshots import SnapshotService
 from orchard_env.orchestrator.store import Store
@@ -26,6 +28,7 @@ class Reaper:
         sandboxes: SandboxService,
         snapshots: SnapshotService,
         health: AgentHealth,
+        pools: PoolService,
         clock: Callable[[], datetime],
     ) -> None:
         self.settings = settings
@@ -33,11 +36,12 @@ class Reaper:
         self.sandboxes = sandboxes
         self.snapshots = snapshots
         self.health = health
+        self.pools = pools
         self.clock = clock
 
     async def run_pass(self, now: datetime | None = None) -> None:
-        """One pass: reconcile; agent probes; TTL, idle and readiness expiry; snapshot
-        collection; purge old jobs and records."""
+        """One pass: reconcile; agent probes; TTL, idle and readiness expiry; pool refill;
+        snapshot collection; purge old jobs and records."""
         now = now or self.clock()
         # Each step on its own: a failing one is logged and the others still run.
         with isolated(log, "reconciliation"):
@@ -46,6 +50,8 @@ class Reaper:
             await self.health.probe_all()
         with isolated(log, "sandbox expiry"):
             await self.sandboxes.expire(now)
+        with isolated(log, "pool refill"):
+            await self.pools.wake_all()
         with isolated(log, "snapshot collection"):
             await self.snapshots.collect(now)
         with isolated(log, "purging old records"):

@@ -19,6 +19,8 @@ from orchard_env.protocol import (
     JobStatus,
     KeyInfo,
     KeyQuota,
+    ModelGatewayInfo,
+    PoolInfo,
     SandboxInfo,
     SandboxStatus,
     Snapshot,
@@ -49,6 +51,30 @@ def later(start: datetime, seconds: float) -> datetime:
         return LATEST
 
 
+class GatewayRecord(BaseModel):
+    """A sandbox's model gateway: endpoint names (their keys live in the service's endpoints
+    file), the model, the current trajectory, the budget, and the dummy key it hands out."""
+
+    openai: str | None = None
+    anthropic: str | None = None
+    model: str | None = None
+    anthropic_model: str | None = None
+    trajectory_id: str = "default"
+    max_calls: int | None = None
+    max_tokens: int | None = None
+    dummy_key: str
+
+    def to_info(self) -> ModelGatewayInfo:
+        return ModelGatewayInfo(
+            openai=self.openai,
+            anthropic=self.anthropic,
+            model=self.model,
+            trajectory_id=self.trajectory_id,
+            max_calls=self.max_calls,
+            max_tokens=self.max_tokens,
+        )
+
+
 class SandboxRecord(BaseModel):
     sandbox_id: str
     image: str
@@ -72,6 +98,10 @@ class SandboxRecord(BaseModel):
     backend: str = ""
     agent: AgentEndpoint | None = None
     source_snapshot: str | None = None
+    # The warm pool it waits in, until a create claims it (then None: an ordinary sandbox).
+    pool: str | None = None
+    model_gateway: GatewayRecord | None = None
+    tools: list[str] | None = None  # the harnesses asked for (None: all the service has)
 
     @property
     def live(self) -> bool:
@@ -139,6 +169,8 @@ class SandboxRecord(BaseModel):
             last_activity_at=self.last_activity_at,
             deleted_at=self.deleted_at,
             source_snapshot=self.source_snapshot,
+            model_gateway=None if self.model_gateway is None else self.model_gateway.to_info(),
+            tools=self.tools,
         )
 
 
@@ -270,3 +302,52 @@ class SnapshotRecord(BaseModel):
             expires_at=None if self.deleted else self.expires_at(),
             deleted_at=self.deleted_at,
         )
+
+
+class PoolRecord(BaseModel):
+    """A warm pool: the spec its sandboxes are made with and how many to keep ready."""
+
+    name: str
+    image: str
+    cpu: float
+    memory_bytes: int
+    block_network: bool
+    workdir: str
+    env: dict[str, str] = Field(default_factory=dict)
+    size: int
+    ttl_seconds: int
+    created_at: datetime
+
+    def spec_key(self) -> tuple[object, ...]:
+        return pool_key(
+            self.image, self.cpu, self.memory_bytes, self.block_network, self.workdir, self.env
+        )
+
+    def to_info(self, *, ready: int, starting: int, error: str | None) -> PoolInfo:
+        return PoolInfo(
+            name=self.name,
+            image=self.image,
+            block_network=self.block_network,
+            cpu=f"{self.cpu:g}",
+            memory=format_memory(self.memory_bytes),
+            env=self.env,
+            workdir=self.workdir,
+            size=self.size,
+            ttl_seconds=self.ttl_seconds,
+            ready=ready,
+            starting=starting,
+            error=error,
+            created_at=self.created_at,
+        )
+
+
+def pool_key(
+    image: str,
+    cpu: float,
+    memory_bytes: int,
+    block_network: bool,
+    workdir: str,
+    env: dict[str, str],
+) -> tuple[object, ...]:
+    """What a create request and a pool must agree on for the pool to serve it."""
+    return (image, cpu, memory_bytes, block_network, workdir, tuple(sorted(env.items())))

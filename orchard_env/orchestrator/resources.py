@@ -5,7 +5,8 @@ Upstream's shape (``status``, ``nodes``, ``total_capacity``, ``total_allocatable
 from the backend (the engine's machine; the cluster's sandbox nodes). Requests come from the
 backend where it sees every pod (Kubernetes: the whole sandbox namespace, as upstream), else
 from the orchestrator's records. A non-admin key is shown only its own sandboxes: the
-capacity of the nodes is the substrate's, but what other keys run is theirs.
+capacity of the nodes is the substrate's, but what other keys run is theirs (and the
+sandboxes waiting in warm pools are the operator's).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ async def resources_report(
     store: Store, backend: Backend, settings: ServiceSettings, caller: Caller
 ) -> ResourcesReport:
     capacity = await backend.capacity()
-    live = [r for r in await store.list_sandboxes(owner=caller.owner_filter) if r.live]
+    # An admin sees the sandboxes waiting in warm pools too (they hold their share).
+    records = await store.list_sandboxes(owner=caller.owner_filter, pooled=caller.admin)
+    live = [r for r in records if r.live]
     if capacity.pods is None:
         pods = [record_pod(record, settings) for record in live]
     elif caller.admin:

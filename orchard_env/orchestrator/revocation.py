@@ -1,20 +1,27 @@
 """Long-lived requests end when their API key is revoked.
 
-A PTY session or a streamed exec is authenticated once, when it opens. :class:`KeySessions`
-keeps an event per open session, by key, and sets it when the key is revoked: at once when
-the revocation goes through this service (``DELETE /keys/{id}``), and within
+A PTY session, a streamed exec or a wait (an exec that waits for its command, or
+``GET /jobs/{id}/wait``) is authenticated once, when it opens. :class:`KeySessions` keeps an
+event per open session, by key, and sets it when the key is revoked: at once when the
+revocation goes through this service (``DELETE /keys/{id}``), and within
 :data:`REVOCATION_POLL_SECONDS` when another process writes it to the store (another
-orchestrator on the same database). The session then ends with an error naming the revocation.
+orchestrator on the same database). The session then ends with an error naming the
+revocation; the command it was following runs on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
+from orchard_env.errors import PermissionDenied
 from orchard_env.orchestrator.auth import Caller
+from orchard_env.orchestrator.keys import revoked_message
 from orchard_env.orchestrator.store import Store
+
+_T = TypeVar("_T")
 
 REVOCATION_POLL_SECONDS = 1.0
 
@@ -46,6 +53,25 @@ class KeySessions:
                 events.discard(event)
                 if not events:
                     del self._open[key_id]
+
+    async def unless_revoked(self, caller: Caller, waiting: Awaitable[_T]) -> _T:
+        """What ``waiting`` returns, unless ``caller``'s key is revoked first: then it is
+        cancelled and :class:`~orchard_env.errors.PermissionDenied` raised. ``waiting`` must
+        be safe to cancel (it only waits: nothing it started is lost)."""
+        async with self.hold(caller) as revoked:
+            task = asyncio.ensure_future(waiting)
+            stopped = asyncio.ensure_future(revoked.wait())
+            try:
+                await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopped.cancel()
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+        if task.cancelled():
+            raise PermissionDenied(revoked_message(caller.key_id))
+        return task.result()
 
     def revoked(self, key_id: str) -> None:
         """End every open session of ``key_id``."""

@@ -14,11 +14,12 @@ Rules that keep state and containers consistent:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import secrets
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Hashable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -43,16 +44,25 @@ from orchard_env.orchestrator.backends.base import (
     SandboxState,
     not_your_snapshot,
 )
+from orchard_env.orchestrator.gateway.proxy import ModelGateway
 from orchard_env.orchestrator.logs import isolated
-from orchard_env.orchestrator.records import LIVE_STATUSES, SandboxRecord
+from orchard_env.orchestrator.records import (
+    LIVE_STATUSES,
+    GatewayRecord,
+    PoolRecord,
+    SandboxRecord,
+    pool_key,
+)
 from orchard_env.orchestrator.store import Store
 from orchard_env.protocol import (
     CreateSandboxRequest,
     DeleteResponse,
     HeartbeatResponse,
+    ModelGatewaySpec,
     SandboxInfo,
     SandboxList,
     SandboxStatus,
+    check_sandbox_id,
     format_memory,
     parse_memory,
     sandbox_cpu,
@@ -67,6 +77,8 @@ READY_GATE_SECONDS = 15.0
 """How long exec, files and PTY wait for a pending sandbox before answering 409."""
 TOUCH_PERSIST_SECONDS = 5.0
 """Activity is written at most this often per sandbox (heartbeats always write)."""
+CONTAINER_CHECK_MAX_SECONDS = 5.0
+"""While a sandbox starts, the longest its container goes uninspected."""
 _DEAD_STATES = (SandboxState.EXITED, SandboxState.FAILED)
 MEMORY_PER_PID = 1024 * 1024
 """A sandbox may run one process per MiB of its memory limit (at least MIN_PIDS, at most the
@@ -104,6 +116,24 @@ def dead_reason(found: BackendSandbox, memory_bytes: int) -> str:
     return f"its container stopped{suffix}"
 
 
+def continue_token_of(record: SandboxRecord) -> str:
+    """The opaque position after ``record`` in the newest-first sandbox list."""
+    position = f"{record.created_at.isoformat()}|{record.sandbox_id}"
+    return base64.urlsafe_b64encode(position.encode()).decode().rstrip("=")
+
+
+def parse_continue_token(token: str) -> tuple[datetime, str]:
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        created_at, sandbox_id = base64.urlsafe_b64decode(padded).decode().split("|")
+        return datetime.fromisoformat(created_at), check_sandbox_id(sandbox_id)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(
+            f"continue token {token[:80]!r} is not one this service gave",
+            hint="pass back the `continue` value of the previous page, or list from the start",
+        ) from exc
+
+
 class SandboxService:
     def __init__(
         self,
@@ -112,7 +142,9 @@ class SandboxService:
         backend: Backend,
         agents: AgentPool,
         clock: Clock,
+        gateway: ModelGateway,
     ) -> None:
+        self.gateway = gateway
         self.settings = settings
         self.store = store
         self.backend = backend
@@ -126,6 +158,10 @@ class SandboxService:
         self._touched: dict[str, datetime] = {}
         self._quota_lock = asyncio.Lock()  # a quota check and the insert it allows, together
         self.ready_gate_seconds = READY_GATE_SECONDS
+        # Warm pools (kept by PoolService): which pool serves a spec, and who to tell when
+        # one of its sandboxes is claimed.
+        self.pools_by_spec: dict[Hashable, str] = {}
+        self.on_claimed: Callable[[str], None] = lambda _pool: None
 
     # --- records and events ----------------------------------------------------------------
 
@@ -138,12 +174,20 @@ class SandboxService:
             event.set()
 
     async def _transition(
-        self, sandbox_id: str, from_statuses: Collection[SandboxStatus], **changes: Any
+        self,
+        sandbox_id: str,
+        from_statuses: Collection[SandboxStatus],
+        *,
+        when: Callable[[SandboxRecord], bool] | None = None,
+        **changes: Any,
     ) -> SandboxRecord | None:
-        """Apply ``changes`` if the record's status is still one of ``from_statuses``."""
+        """Apply ``changes`` if the record's status is still one of ``from_statuses`` (and
+        ``when`` holds for it)."""
         async with self._lock:
             record = await self.store.get_sandbox(sandbox_id)
             if record is None or record.status not in from_statuses:
+                return None
+            if when is not None and not when(record):
                 return None
             record = record.model_copy(update=changes)
             await self.store.put_sandbox(record)
@@ -161,7 +205,8 @@ class SandboxService:
 
     async def get_record(self, sandbox_id: str, caller: Caller) -> SandboxRecord:
         record = await self.store.get_sandbox(sandbox_id)
-        if record is None or not caller.can_see(record.owner):
+        # A sandbox waiting in a warm pool is nobody's yet, not even an admin's to touch.
+        if record is None or record.pool is not None or not caller.can_see(record.owner):
             raise SandboxNotFound(
                 f"sandbox {sandbox_id} does not exist",
                 hint="`orchard sandbox list` shows your sandboxes",
@@ -194,29 +239,37 @@ class SandboxService:
         labels: dict[str, str] | None = None,
         status: SandboxStatus | None = None,
         include_deleted: bool = False,
+        limit: int | None = None,
+        continue_token: str | None = None,
     ) -> SandboxList:
         records = await self.store.list_sandboxes(
             owner=caller.owner_filter,
-            include_deleted=include_deleted or status == SandboxStatus.DELETED,
+            include_deleted=include_deleted,
+            status=status,
+            after=None if continue_token is None else parse_continue_token(continue_token),
+            limit=limit,
         )
         wanted = labels or {}
         infos = []
         for record in records:
-            if (status is None or record.status == status) and all(
-                record.labels.get(k) == v for k, v in wanted.items()
-            ):
+            if all(record.labels.get(k) == v for k, v in wanted.items()):
                 with isolated(log, "showing a sandbox", sandbox_id=record.sandbox_id):
                     infos.append(record.to_info(self.settings))
-        return SandboxList(sandboxes=infos)
+        more = limit is not None and len(records) == limit
+        last = records[-1] if more else None
+        token = None if last is None else continue_token_of(last)
+        return SandboxList.model_validate({"sandboxes": infos, "continue": token})
 
     # --- create ------------------------------------------------------------------------------
 
-    def _size(self, request: CreateSandboxRequest) -> tuple[float, int, int | None]:
-        cpu = self.settings.default_cpu if request.cpu is None else sandbox_cpu(request.cpu)
+    def resolve_size(
+        self, cpu_asked: str | float | None, memory_asked: str | int | None
+    ) -> tuple[float, int]:
+        """Cores and bytes of a request (the service's defaults where it names none), within
+        the service's caps."""
+        cpu = self.settings.default_cpu if cpu_asked is None else sandbox_cpu(cpu_asked)
         memory = (
-            self.settings.default_memory
-            if request.memory is None
-            else sandbox_memory(request.memory)
+            self.settings.default_memory if memory_asked is None else sandbox_memory(memory_asked)
         )
         if cpu > self.settings.max_cpu:
             raise LimitExceeded(
@@ -225,10 +278,14 @@ class SandboxService:
             )
         if memory > self.settings.max_memory:
             raise LimitExceeded(
-                f"memory {request.memory} is above this service's cap of "
+                f"memory {memory_asked} is above this service's cap of "
                 f"{format_memory(self.settings.max_memory)}",
                 hint="ask for less, or raise the cap with ORCHARD_MAX_MEMORY",
             )
+        return cpu, memory
+
+    def _size(self, request: CreateSandboxRequest) -> tuple[float, int, int | None]:
+        cpu, memory = self.resolve_size(request.cpu, request.memory)
         disk = None if request.disk is None else sandbox_memory(request.disk, "disk")
         if disk is not None and disk > self.settings.ephemeral_storage:
             raise LimitExceeded(
@@ -248,21 +305,25 @@ class SandboxService:
             )
         return requested or min(self.settings.ready_timeout_seconds, limit)
 
-    async def check_quota(self, caller: Caller, count: int, cpu: float, memory: int) -> None:
+    async def check_quota(
+        self, caller: Caller | None, count: int, cpu: float, memory: int, *, claim: bool = False
+    ) -> None:
         """Refuse (429 ``quota_exceeded``, naming the limit) ``count`` more sandboxes of ``cpu``
         and ``memory`` each beyond the service's cap or, for a non-admin key, its limits (the
-        key's own, else the service's per-key defaults)."""
-        live = [record for record in await self.store.list_sandboxes() if record.live]
+        key's own, else the service's per-key defaults). Sandboxes waiting in warm pools count
+        toward the service's cap (they run) but toward no key's; ``caller`` None is a pool
+        filling itself; a ``claim`` from a pool adds nothing to the service, only to the key."""
+        live = [record for record in await self.store.list_sandboxes(pooled=True) if record.live]
         cap = self.settings.max_sandboxes
-        if len(live) + count > cap:
+        if not claim and len(live) + count > cap:
             raise QuotaExceeded(
                 f"this service runs at most {cap} live sandboxes (max_sandboxes) and "
                 f"{len(live)} are live; {count} more do not fit",
                 hint="delete sandboxes no longer needed, or raise ORCHARD_MAX_SANDBOXES",
             )
-        if caller.admin or caller.key_id is None:
+        if caller is None or caller.admin or caller.key_id is None:
             return
-        mine = [record for record in live if record.owner == caller.owner]
+        mine = [record for record in live if record.pool is None and record.owner == caller.owner]
         quota = caller.quota
         hint = (
             "delete sandboxes no longer needed, or ask an admin for a key with a larger quota "
@@ -303,51 +364,192 @@ class SandboxService:
         source_snapshot: str | None = None,
     ) -> SandboxInfo:
         """Start a sandbox (``source_snapshot``: restored from that snapshot, whose image
-        ``request.image`` names); readiness follows in the background."""
+        ``request.image`` names); readiness follows in the background. A request a warm
+        pool serves (same spec, no ``sandbox_id``, ``disk``, model gateway or tools choice)
+        takes one of its ready sandboxes."""
         cpu, memory, disk = self._size(request)
+        lifetimes = self._lifetimes(request)
         if source_snapshot is None and self.backend.is_snapshot_image(request.image):
             source_snapshot = await self._own_snapshot(request.image, caller)
-        sandbox_id = request.sandbox_id or new_sandbox_id()
+        workdir = request.workdir or self.settings.default_workdir
+        # A pooled sandbox has every harness and no model gateway (its agent enrolled without).
+        pooled = request.model_gateway is None and request.tool_selection() is None
+        if pooled and request.sandbox_id is None and source_snapshot is None and disk is None:
+            key = pool_key(request.image, cpu, memory, request.block_network, workdir, request.env)
+            pool = self.pools_by_spec.get(key)
+            if pool is not None:
+                claimed = await self._claim(pool, request, lifetimes, caller)
+                if claimed is not None:
+                    return claimed.to_info(self.settings)
         now = self.clock()
         record = SandboxRecord(
-            sandbox_id=sandbox_id,
+            sandbox_id=request.sandbox_id or new_sandbox_id(),
             image=request.image,
             cpu=cpu,
             memory_bytes=memory,
             disk_bytes=disk,
             block_network=request.block_network,
-            workdir=request.workdir or self.settings.default_workdir,
+            workdir=workdir,
             env=request.env,
             labels=request.labels,
             owner=caller.owner,
             created_at=now,
-            ready_timeout_seconds=self._ready_timeout(request.timeout),
-            ttl_seconds=request.ttl_seconds or self.settings.sandbox_ttl_seconds,
-            # Upstream's clients never heartbeat and upstream never idle-expired them: idle
-            # expiry starts with the first heartbeat unless the request asked for it.
-            idle_timeout_seconds=request.idle_timeout_seconds or 0,
             last_activity_at=now,
             backend=self.backend.name,
             source_snapshot=source_snapshot,
+            **lifetimes,
+            model_gateway=self._gateway_record(request.model_gateway),
+            tools=None if (asked := request.tool_selection()) is None else list(asked),
         )
+        return (await self._launch(record, caller)).to_info(self.settings)
+
+    def _lifetimes(self, request: CreateSandboxRequest) -> dict[str, Any]:
+        """The record fields a create request sets about time: readiness, TTL, idle."""
+        return {
+            "ready_timeout_seconds": self._ready_timeout(request.timeout),
+            "ttl_seconds": request.ttl_seconds or self.settings.sandbox_ttl_seconds,
+            # Upstream's clients never heartbeat and upstream never idle-expired them: idle
+            # expiry starts with the first heartbeat unless the request asked for it.
+            "idle_timeout_seconds": request.idle_timeout_seconds or 0,
+        }
+
+    async def _launch(self, record: SandboxRecord, caller: Caller | None) -> SandboxRecord:
+        """Record, then start, a sandbox: the ``caller``'s, within its quota, its usage open from
+        now; or (None) one that waits in a pool, nobody's."""
+        sandbox_id = record.sandbox_id
         if sandbox_id in self._creating:
             raise self._exists(sandbox_id)
         self._creating.add(sandbox_id)
         try:
             async with self._quota_lock:
-                await self.check_quota(caller, 1, cpu, memory)
-                if not await self.store.insert_sandbox(record):
-                    raise self._exists(sandbox_id)
-            await self.store.open_usage(record.usage_row(record.created_at))
+                await self.check_quota(caller, 1, record.cpu, record.memory_bytes)
+                inserted = await self.store.insert_sandbox(record)
+            if not inserted:
+                raise self._exists(sandbox_id)
+            if caller is not None:
+                await self.store.open_usage(record.usage_row(record.created_at))
             found = await self._create_container(record)
+            if record.model_gateway is not None:
+                await self.gateway.attach(sandbox_id, record.model_gateway)
             record = await self._started(record, found)
         finally:
             self._creating.discard(sandbox_id)
         log.info(
             "sandbox created",
-            extra={"sandbox_id": sandbox_id, "image": record.image, "owner": record.owner},
+            extra={
+                "sandbox_id": sandbox_id,
+                "image": record.image,
+                "owner": record.owner,
+                "pool": record.pool,
+            },
         )
-        return record.to_info(self.settings)
+        return record
+
+    # --- warm pools ------------------------------------------------------------------------
+
+    async def create_pooled(self, pool: PoolRecord) -> SandboxRecord:
+        """Start one sandbox for ``pool``: nobody's, unbilled, until a create claims it."""
+        now = self.clock()
+        record = SandboxRecord(
+            sandbox_id=new_sandbox_id(),
+            image=pool.image,
+            cpu=pool.cpu,
+            memory_bytes=pool.memory_bytes,
+            block_network=pool.block_network,
+            workdir=pool.workdir,
+            env=pool.env,
+            created_at=now,
+            ready_timeout_seconds=self._ready_timeout(None),
+            ttl_seconds=pool.ttl_seconds,
+            idle_timeout_seconds=0,
+            last_activity_at=now,
+            backend=self.backend.name,
+            pool=pool.name,
+        )
+        return await self._launch(record, None)
+
+    async def _claim(
+        self, pool: str, request: CreateSandboxRequest, lifetimes: dict[str, Any], caller: Caller
+    ) -> SandboxRecord | None:
+        """Hand one ready sandbox of ``pool`` to ``caller``, as if just created for it; None
+        when none is ready. Under the lock: a pooled sandbox is handed out once."""
+        now = self.clock()
+        async with self._quota_lock, self._lock:
+            waiting = await self.store.first_pooled(pool)
+            if waiting is None:
+                return None
+            await self.check_quota(caller, 1, waiting.cpu, waiting.memory_bytes, claim=True)
+            record = waiting.model_copy(
+                update={
+                    "pool": None,
+                    "owner": caller.owner,
+                    "labels": request.labels,
+                    "created_at": now,
+                    "last_activity_at": now,
+                    **lifetimes,
+                }
+            )
+            await self.store.put_sandbox(record)
+        await self.store.open_usage(record.usage_row(now))
+        self._notify(record.sandbox_id)
+        self.on_claimed(pool)
+        log.info(
+            "sandbox created",
+            extra={
+                "sandbox_id": record.sandbox_id,
+                "image": record.image,
+                "owner": record.owner,
+                "claimed_from": pool,
+            },
+        )
+        return record
+
+    def _gateway_record(self, spec: ModelGatewaySpec | None) -> GatewayRecord | None:
+        if spec is None:
+            return None
+        if self.backend.name != "docker":
+            raise InvalidRequest(
+                f"model_gateway: not available on the {self.backend.name} backend yet",
+                hint="leave model_gateway out, or use the local engine backend",
+            )
+        endpoints = self.gateway.endpoints
+        openai = endpoints.pick("openai", spec.openai)
+        anthropic = endpoints.pick("anthropic", spec.anthropic)
+        if openai is None and anthropic is None:
+            raise InvalidRequest(
+                "model_gateway: the service has no model endpoint to forward to",
+                hint="configure endpoints in the file of the model_endpoints_file setting "
+                "(see docs/harnesses.md)",
+            )
+        return GatewayRecord(
+            openai=None if openai is None else openai.name,
+            anthropic=None if anthropic is None else anthropic.name,
+            model=spec.model or (openai.model if openai else None),
+            anthropic_model=spec.model or (anthropic.model if anthropic else None),
+            trajectory_id=spec.trajectory_id or "default",
+            max_calls=spec.max_calls,
+            max_tokens=spec.max_tokens,
+            dummy_key="orchard-" + secrets.token_hex(16),
+        )
+
+    async def set_trajectory(
+        self, sandbox_id: str, caller: Caller, trajectory_id: str
+    ) -> SandboxInfo:
+        """Send the sandbox's next model calls (those without a /t/<traj> prefix) to
+        ``trajectory_id``."""
+        record = await self.get_record(sandbox_id, caller)
+        self._require_live(record)
+        if record.model_gateway is None:
+            raise InvalidRequest(
+                f"sandbox {sandbox_id} has no model gateway",
+                hint="create it with model_gateway set (see docs/harnesses.md)",
+            )
+        config = record.model_gateway.model_copy(update={"trajectory_id": trajectory_id})
+        updated = await self._transition(sandbox_id, LIVE_STATUSES, model_gateway=config)
+        if updated is None:
+            raise InvalidRequest(f"sandbox {sandbox_id} ended meanwhile")
+        self.gateway.set_trajectory(sandbox_id, config)
+        return updated.to_info(self.settings)
 
     async def _own_snapshot(self, image: str, caller: Caller) -> str:
         """The id of the caller's live snapshot whose image is ``image``; else 404, the same
@@ -378,10 +580,13 @@ class SandboxService:
             env=record.env,
             labels=record.labels,
             pids_limit=pids_for(record.memory_bytes, self.settings.pids_limit),
-            ttl_seconds=record.ttl_seconds or None,
+            # A pooled sandbox's lifetime starts again when it is claimed, so its container
+            # gets no lifetime cap of its own: the reaper ends it (waiting or claimed).
+            ttl_seconds=None if record.pool is not None else record.ttl_seconds or None,
             ready_timeout_seconds=record.ready_timeout_seconds,
             record_annotation=record.annotation(),
             snapshot_id=record.source_snapshot,
+            tools=None if record.tools is None else tuple(record.tools),
         )
         try:
             return await self.backend.create(spec)
@@ -423,6 +628,10 @@ class SandboxService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_seconds
         last_error = "it has not answered yet"
+        # The container is inspected between slices of polling the agent: 1 s, then longer
+        # ones (up to CONTAINER_CHECK_MAX_SECONDS), so hundreds of sandboxes starting at once
+        # do not flood the engine that is busy creating them.
+        slice_limit = 1.0
         try:
             while True:
                 record = await self.store.get_sandbox(sandbox_id)
@@ -430,7 +639,8 @@ class SandboxService:
                     return
                 if record.agent is not None:
                     try:
-                        slice_ = min(1.0, max(deadline - loop.time(), 0.05))
+                        slice_ = min(slice_limit, max(deadline - loop.time(), 0.05))
+                        slice_limit = min(slice_limit * 2, CONTAINER_CHECK_MAX_SECONDS)
                         await self.agents.client(record).wait_ready(slice_)
                     except Exception as exc:
                         last_error = str(exc) or type(exc).__name__
@@ -589,16 +799,22 @@ class SandboxService:
         return DeleteResponse(sandbox_id=sandbox_id, already_deleted=ended is None)
 
     async def end(
-        self, sandbox_id: str, status: SandboxStatus, message: str
+        self,
+        sandbox_id: str,
+        status: SandboxStatus,
+        message: str,
+        *,
+        when: Callable[[SandboxRecord], bool] | None = None,
     ) -> SandboxRecord | None:
-        """Make a sandbox failed or deleted, then remove its container and close its usage."""
+        """Make a sandbox failed or deleted (if ``when`` holds for its record), then remove its
+        container and close its usage."""
         now = self.clock()
         changes: dict[str, Any] = {"status": status, "status_message": message, "ended_at": now}
         allowed = set(LIVE_STATUSES)
         if status == SandboxStatus.DELETED:
             changes["deleted_at"] = now
             allowed.add(SandboxStatus.FAILED)
-        record = await self._transition(sandbox_id, allowed, **changes)
+        record = await self._transition(sandbox_id, allowed, when=when, **changes)
         if record is None:
             return None
         task = self._readiness.pop(sandbox_id, None)
@@ -612,6 +828,7 @@ class SandboxService:
                 extra={"sandbox_id": sandbox_id, "error": str(exc)},
             )
         await self.agents.drop(sandbox_id)
+        await self.gateway.detach(sandbox_id)
         await self.store.close_usage(sandbox_id, now)
         self._touched.pop(sandbox_id, None)
         return record
@@ -620,7 +837,7 @@ class SandboxService:
 
     async def reconcile(self) -> None:
         """Make records and the backend's containers agree (startup and every reaper pass)."""
-        records = await self.store.list_sandboxes(include_deleted=True)
+        records = await self.store.list_sandboxes(include_deleted=True, pooled=True)
         creating = set(self._creating)
         try:
             found = await self.backend.list()
@@ -690,6 +907,8 @@ class SandboxService:
             return
         if found.agent is not None and found.agent != record.agent:
             await self._transition(record.sandbox_id, LIVE_STATUSES, agent=found.agent)
+        if record.model_gateway is not None:
+            await self.gateway.attach(record.sandbox_id, record.model_gateway)
         if record.status != SandboxStatus.READY:
             self._start_readiness(record.sandbox_id, self.settings.ready_timeout_seconds)
 
@@ -704,6 +923,15 @@ class SandboxService:
                     "unreadable record annotation",
                     extra={"sandbox_id": found.sandbox_id, "error": str(exc)},
                 )
+        if record is not None and record.pool is not None:
+            # Its container cannot say whether a create claimed it: never hand it out again.
+            record = record.model_copy(
+                update={
+                    "pool": None,
+                    "status_message": f"adopted from warm pool {record.pool} without its "
+                    "record: it may have been claimed, so it is not handed out again",
+                }
+            )
         if record is None or record.sandbox_id != found.sandbox_id:
             record = SandboxRecord(
                 sandbox_id=found.sandbox_id,
@@ -731,7 +959,7 @@ class SandboxService:
     async def expire(self, now: datetime) -> None:
         """End sandboxes past their TTL, idle too long, or stuck starting (each on its own: one
         that fails is logged and the others still expire)."""
-        for record in await self.store.list_sandboxes():
+        for record in await self.store.list_sandboxes(pooled=True):
             if record.live and record.sandbox_id not in self._creating:
                 with isolated(log, "expiring a sandbox", sandbox_id=record.sandbox_id):
                     await self._expire_one(record, now)
@@ -740,10 +968,13 @@ class SandboxService:
         sandbox_id = record.sandbox_id
         ttl, idle = record.ttl_seconds, record.idle_timeout_seconds
         if ttl and now >= record.ttl_deadline():
+            # Unless a create claimed it from its pool meanwhile (its lifetime starts again).
+            created = record.created_at
             await self.end(
                 sandbox_id,
                 SandboxStatus.DELETED,
                 f"expired: its lifetime of {ttl} s (ttl_seconds) ran out",
+                when=lambda current: current.created_at == created,
             )
         elif (
             idle

@@ -350,7 +350,11 @@ class SnapshotService:
 
     async def _remove_images(self, records: Iterable[SnapshotRecord]) -> None:
         """Remove the images of deleted snapshots that nothing uses any more."""
-        in_use = {sandbox.image for sandbox in await self.store.list_sandboxes() if sandbox.live}
+        in_use = {
+            sandbox.image
+            for sandbox in await self.store.list_sandboxes(pooled=True)
+            if sandbox.live
+        }
         for record in records:
             if (
                 record.image_removed_at is not None

@@ -25,6 +25,7 @@ from orchard_env.errors import ConfigError
 from orchard_env.orchestrator.records import (
     JobRecord,
     KeyRecord,
+    PoolRecord,
     SandboxRecord,
     SnapshotRecord,
     UsageRow,
@@ -57,9 +58,23 @@ class Store(Protocol):
     async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None: ...
 
     async def list_sandboxes(
-        self, *, owner: str | None = None, include_deleted: bool = False
+        self,
+        *,
+        owner: str | None = None,
+        include_deleted: bool = False,
+        status: SandboxStatus | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+        pooled: bool | str = False,
     ) -> list[SandboxRecord]:
-        """Newest first; ``owner`` None means every owner."""
+        """Newest first (then by id); ``owner`` None means every owner. A page: at most
+        ``limit`` records, those after the ``(created_at, id)`` position ``after``.
+        ``pooled``: False leaves out the sandboxes waiting in a warm pool, True includes them,
+        a pool's name gives only its."""
+        ...
+
+    async def first_pooled(self, pool: str) -> SandboxRecord | None:
+        """The ready sandbox that has waited longest in ``pool``, if any."""
         ...
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
@@ -67,6 +82,21 @@ class Store(Protocol):
         ...
 
     async def purge_sandboxes(self, ended_before: datetime) -> int: ...
+
+    # warm pools
+    async def insert_pool(self, record: PoolRecord) -> bool:
+        """Add a pool; False if one has that name."""
+        ...
+
+    async def put_pool(self, record: PoolRecord) -> None: ...
+
+    async def get_pool(self, name: str) -> PoolRecord | None: ...
+
+    async def list_pools(self) -> list[PoolRecord]:
+        """By name."""
+        ...
+
+    async def delete_pool(self, name: str) -> None: ...
 
     # jobs
     async def insert_job(self, record: JobRecord) -> tuple[JobRecord, bool]:
@@ -131,6 +161,26 @@ class Store(Protocol):
         """Forget deleted snapshots whose image is gone, deleted before ``deleted_before``,
         that no other snapshot names as its parent."""
         ...
+
+    # model calls (purged with their sandbox)
+    async def insert_model_call(self, record: dict[str, Any]) -> None: ...
+
+    async def list_model_calls(
+        self,
+        sandbox_id: str,
+        *,
+        trajectory_id: str | None = None,
+        after: int = 0,
+        limit: int = 1000,
+    ) -> list[tuple[int, str]]:
+        """(cursor, record JSON) after the cursor ``after``, oldest first."""
+        ...
+
+    async def model_call_totals(self, sandbox_id: str) -> tuple[int, int, dict[str, int]]:
+        """(calls, tokens in + out, last seq per trajectory) of a sandbox."""
+        ...
+
+    async def list_trajectories(self, sandbox_id: str) -> list[dict[str, Any]]: ...
 
 
 # --- SQLite --------------------------------------------------------------------------------
@@ -248,6 +298,32 @@ _MIGRATIONS: tuple[str, ...] = (
     # 5: per-key quotas (JSON of KeyQuota)
     """
     ALTER TABLE api_keys ADD COLUMN quota TEXT NOT NULL DEFAULT '{}';
+    """,
+    # 6: warm pools; a pooled sandbox's row names its pool until it is claimed
+    """
+    CREATE TABLE pools (
+        name TEXT PRIMARY KEY,
+        created_at TEXT NOT NULL,
+        record TEXT NOT NULL
+    );
+    ALTER TABLE sandboxes ADD COLUMN pool TEXT;
+    CREATE INDEX sandboxes_pool ON sandboxes(pool);
+    """,
+    # 7: model calls through the gateway (JSON of orchard.model_call/v1 records)
+    """
+    CREATE TABLE model_calls (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        sandbox_id TEXT NOT NULL,
+        trajectory_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        started_at TEXT NOT NULL,
+        status INTEGER,
+        tokens_in INTEGER NOT NULL DEFAULT 0,
+        tokens_out INTEGER NOT NULL DEFAULT 0,
+        record TEXT NOT NULL
+    );
+    CREATE INDEX model_calls_sandbox ON model_calls(sandbox_id, id);
+    CREATE INDEX model_calls_trajectory ON model_calls(sandbox_id, trajectory_id, seq);
     """,
 )
 
@@ -474,10 +550,11 @@ class SQLiteStore:
                 if row["status"] != SandboxStatus.DELETED.value:
                     return False
                 tx.execute("DELETE FROM jobs WHERE sandbox_id = ?", (record.sandbox_id,))
+                tx.execute("DELETE FROM model_calls WHERE sandbox_id = ?", (record.sandbox_id,))
                 tx.execute("DELETE FROM sandboxes WHERE id = ?", (record.sandbox_id,))
             tx.execute(
-                "INSERT INTO sandboxes (id, owner, status, created_at, ended_at, record) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO sandboxes (id, owner, status, created_at, ended_at, pool, record) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 self._sandbox_params(record),
             )
         return True
@@ -490,6 +567,7 @@ class SQLiteStore:
             r.status.value,
             _ts(r.created_at),
             _opt_ts(r.ended_at),
+            r.pool,
             r.model_dump_json(),
         )
 
@@ -498,8 +576,8 @@ class SQLiteStore:
 
     def _put_sandbox(self, record: SandboxRecord) -> None:
         self._db.execute(
-            "INSERT OR REPLACE INTO sandboxes (id, owner, status, created_at, ended_at, record) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO sandboxes "
+            "(id, owner, status, created_at, ended_at, pool, record) VALUES (?, ?, ?, ?, ?, ?, ?)",
             self._sandbox_params(record),
         )
 
@@ -513,24 +591,65 @@ class SQLiteStore:
         return None if row is None else _parse(SandboxRecord, row["record"], "sandbox")
 
     async def list_sandboxes(
-        self, *, owner: str | None = None, include_deleted: bool = False
+        self,
+        *,
+        owner: str | None = None,
+        include_deleted: bool = False,
+        status: SandboxStatus | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+        pooled: bool | str = False,
     ) -> list[SandboxRecord]:
-        return await self._call(self._list_sandboxes, owner, include_deleted)
+        return await self._call(
+            self._list_sandboxes, owner, include_deleted, status, after, limit, pooled
+        )
 
-    def _list_sandboxes(self, owner: str | None, include_deleted: bool) -> list[SandboxRecord]:
-        clauses, params = [], []
+    def _list_sandboxes(
+        self,
+        owner: str | None,
+        include_deleted: bool,
+        status: SandboxStatus | None,
+        after: tuple[datetime, str] | None,
+        limit: int | None,
+        pooled: bool | str,
+    ) -> list[SandboxRecord]:
+        clauses: list[str] = []
+        params: list[object] = []
         if owner is not None:
             clauses.append("owner = ?")
             params.append(owner)
-        if not include_deleted:
+        if status is not None:
+            clauses.append("status = ?")
+            params.append(status.value)
+        elif not include_deleted:
             clauses.append("status != ?")
             params.append(SandboxStatus.DELETED.value)
+        if pooled is False:
+            clauses.append("pool IS NULL")
+        elif pooled is not True:
+            clauses.append("pool = ?")
+            params.append(pooled)
+        if after is not None:
+            clauses.append("(created_at < ? OR (created_at = ? AND id > ?))")
+            params.extend((_ts(after[0]), _ts(after[0]), after[1]))
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        page = "" if limit is None else f"LIMIT {int(limit)}"
         rows = self._db.execute(
-            f"SELECT record FROM sandboxes {where} ORDER BY created_at DESC, id",  # noqa: S608
+            f"SELECT record FROM sandboxes {where} ORDER BY created_at DESC, id {page}",  # noqa: S608
             params,
         ).fetchall()
         return _parse_all(SandboxRecord, rows, "sandbox")
+
+    async def first_pooled(self, pool: str) -> SandboxRecord | None:
+        return await self._call(self._first_pooled, pool)
+
+    def _first_pooled(self, pool: str) -> SandboxRecord | None:
+        row = self._db.execute(
+            "SELECT record FROM sandboxes WHERE pool = ? AND status = ? "
+            "ORDER BY created_at, id LIMIT 1",
+            (pool, SandboxStatus.READY.value),
+        ).fetchone()
+        return None if row is None else _parse(SandboxRecord, row["record"], "sandbox")
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
         await self._call(self._remove_sandbox, sandbox_id)
@@ -556,8 +675,44 @@ class SQLiteStore:
             ]
             for sandbox_id in ids:
                 tx.execute("DELETE FROM jobs WHERE sandbox_id = ?", (sandbox_id,))
+                tx.execute("DELETE FROM model_calls WHERE sandbox_id = ?", (sandbox_id,))
                 tx.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
         return len(ids)
+
+    # -- warm pools --
+
+    async def insert_pool(self, record: PoolRecord) -> bool:
+        return await self._call(self._write_pool, "OR IGNORE", record)
+
+    async def put_pool(self, record: PoolRecord) -> None:
+        await self._call(self._write_pool, "OR REPLACE", record)
+
+    def _write_pool(self, verb: str, record: PoolRecord) -> bool:
+        cursor = self._db.execute(
+            f"INSERT {verb} INTO pools (name, created_at, record) VALUES (?, ?, ?)",  # noqa: S608
+            (record.name, _ts(record.created_at), record.model_dump_json()),
+        )
+        return cursor.rowcount == 1
+
+    async def get_pool(self, name: str) -> PoolRecord | None:
+        return await self._call(self._get_pool, name)
+
+    def _get_pool(self, name: str) -> PoolRecord | None:
+        row = self._db.execute("SELECT record FROM pools WHERE name = ?", (name,)).fetchone()
+        return None if row is None else _parse(PoolRecord, row["record"], "pool")
+
+    async def list_pools(self) -> list[PoolRecord]:
+        return await self._call(self._list_pools)
+
+    def _list_pools(self) -> list[PoolRecord]:
+        rows = self._db.execute("SELECT record FROM pools ORDER BY name").fetchall()
+        return _parse_all(PoolRecord, rows, "pool")
+
+    async def delete_pool(self, name: str) -> None:
+        await self._call(self._delete_pool, name)
+
+    def _delete_pool(self, name: str) -> None:
+        self._db.execute("DELETE FROM pools WHERE name = ?", (name,))
 
     # -- jobs --
 
@@ -793,6 +948,79 @@ class SQLiteStore:
             (_ts(deleted_before),),
         )
         return cursor.rowcount
+
+    # -- model calls --
+
+    async def insert_model_call(self, record: dict[str, Any]) -> None:
+        await self._call(self._insert_model_call, record)
+
+    def _insert_model_call(self, record: dict[str, Any]) -> None:
+        usage = record.get("usage") or {}
+        self._db.execute(
+            "INSERT INTO model_calls (sandbox_id, trajectory_id, seq, started_at, status, "
+            "tokens_in, tokens_out, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record["sandbox_id"],
+                record["trajectory_id"],
+                record["seq"],
+                record["started_at"],
+                record.get("status"),
+                int(usage.get("input_tokens") or 0),
+                int(usage.get("output_tokens") or 0),
+                json.dumps(record),
+            ),
+        )
+
+    async def list_model_calls(
+        self,
+        sandbox_id: str,
+        *,
+        trajectory_id: str | None = None,
+        after: int = 0,
+        limit: int = 1000,
+    ) -> list[tuple[int, str]]:
+        return await self._call(self._list_model_calls, sandbox_id, trajectory_id, after, limit)
+
+    def _list_model_calls(
+        self, sandbox_id: str, trajectory_id: str | None, after: int, limit: int
+    ) -> list[tuple[int, str]]:
+        where, params = "sandbox_id = ? AND id > ?", [sandbox_id, after]
+        if trajectory_id is not None:
+            where += " AND trajectory_id = ?"
+            params.append(trajectory_id)
+        rows = self._db.execute(
+            f"SELECT id, record FROM model_calls WHERE {where} ORDER BY id LIMIT ?",  # noqa: S608
+            [*params, limit],
+        ).fetchall()
+        return [(row["id"], row["record"]) for row in rows]
+
+    async def model_call_totals(self, sandbox_id: str) -> tuple[int, int, dict[str, int]]:
+        return await self._call(self._model_call_totals, sandbox_id)
+
+    def _model_call_totals(self, sandbox_id: str) -> tuple[int, int, dict[str, int]]:
+        rows = self._db.execute(
+            "SELECT trajectory_id, MAX(seq) AS seq, COUNT(*) AS n, "
+            "SUM(tokens_in + tokens_out) AS tokens FROM model_calls WHERE sandbox_id = ? "
+            "GROUP BY trajectory_id",
+            (sandbox_id,),
+        ).fetchall()
+        calls = sum(row["n"] for row in rows)
+        tokens = sum(row["tokens"] or 0 for row in rows)
+        return calls, tokens, {row["trajectory_id"]: row["seq"] for row in rows}
+
+    async def list_trajectories(self, sandbox_id: str) -> list[dict[str, Any]]:
+        return await self._call(self._list_trajectories, sandbox_id)
+
+    def _list_trajectories(self, sandbox_id: str) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT trajectory_id, COUNT(*) AS calls, MIN(started_at) AS first_at, "
+            "MAX(started_at) AS last_at, SUM(tokens_in) AS input_tokens, "
+            "SUM(tokens_out) AS output_tokens, "
+            "SUM(CASE WHEN status IS NULL OR status >= 400 THEN 1 ELSE 0 END) AS errors "
+            "FROM model_calls WHERE sandbox_id = ? GROUP BY trajectory_id ORDER BY MIN(id)",
+            (sandbox_id,),
+        ).fetchall()
+        return [dict(row) for row in rows]
 
 
 @asynccontextmanager

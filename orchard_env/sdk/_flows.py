@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -47,6 +47,9 @@ EXEC_GRACE = 60
 """Seconds past a command's own timeout that the client waits for its result."""
 
 
+LIST_CHUNK_SIZE = 500  # sandboxes per page of a list, as kubectl's default
+
+
 def _sandbox(sandbox_id: str) -> str:
     return f"/sandboxes/{seg(sandbox_id)}"
 
@@ -68,6 +71,8 @@ def create_request(
     workdir: str | None,
     ttl_seconds: int | None,
     idle_timeout_seconds: int | None,
+    model_gateway: Mapping[str, Any] | None = None,
+    tools: bool | Sequence[str] | None = None,
 ) -> protocol.CreateSandboxRequest:
     return build(
         protocol.CreateSandboxRequest,
@@ -82,6 +87,8 @@ def create_request(
         workdir=workdir,
         ttl_seconds=ttl_seconds,
         idle_timeout_seconds=idle_timeout_seconds,
+        model_gateway=None if model_gateway is None else dict(model_gateway),
+        tools=tools if tools is None or isinstance(tools, bool) else list(tools),
     )
 
 
@@ -130,7 +137,7 @@ def create_sandbox(
     else:
         info = protocol.SandboxInfo.model_validate(json_body(response))
     core.track(info.sandbox_id)
-    if not wait_ready:
+    if not wait_ready or info.status is protocol.SandboxStatus.READY:  # e.g. from a warm pool
         return info
     try:
         return (
@@ -214,7 +221,10 @@ def list_sandboxes(
     labels: Mapping[str, str] | None,
     status: str | protocol.SandboxStatus | None,
     include_deleted: bool,
+    chunk_size: int = LIST_CHUNK_SIZE,
 ) -> Flow[list[protocol.SandboxInfo]]:
+    """Every sandbox that matches, fetched ``chunk_size`` at a time (as kubectl's
+    ``--chunk-size``), so a large list is never one huge answer."""
     params = [("label", f"{key}={value}") for key, value in (labels or {}).items()]
     if status is not None:
         try:
@@ -226,8 +236,21 @@ def list_sandboxes(
             ) from None
     if include_deleted:
         params.append(("include_deleted", "true"))
-    data = yield from call(core, Send("GET", "/sandboxes", params=params))
-    return protocol.SandboxList.model_validate(data).sandboxes
+    if chunk_size < 1:
+        raise errors.InvalidRequest(
+            f"chunk_size must be at least 1, not {chunk_size}", hint="500 is the default"
+        )
+    params.append(("limit", str(chunk_size)))
+    sandboxes: list[protocol.SandboxInfo] = []
+    token: str | None = None
+    while True:
+        page_params = params if token is None else [*params, ("continue", token)]
+        data = yield from call(core, Send("GET", "/sandboxes", params=page_params))
+        page = protocol.SandboxList.model_validate(data)
+        sandboxes.extend(page.sandboxes)
+        if page.continue_token is None:
+            return sandboxes
+        token = page.continue_token
 
 
 def delete_sandbox(
@@ -658,6 +681,71 @@ def list_keys(core: ClientCore) -> Flow[list[protocol.KeyInfo]]:
 def revoke_key(core: ClientCore, key_id: str) -> Flow[protocol.KeyInfo]:
     data = yield from call(core, Send("DELETE", f"/keys/{seg(key_id)}"))
     return protocol.KeyInfo.model_validate(data)
+
+
+# --- warm pools (admin) -------------------------------------------------------------------
+
+
+def _pool(name: str) -> str:
+    return f"/pools/{seg(name)}"
+
+
+def create_pool(
+    core: ClientCore,
+    name: str,
+    image: str,
+    size: int,
+    *,
+    block_network: bool,
+    cpu: str | float | None,
+    memory: str | int | None,
+    env: Mapping[str, str] | None,
+    workdir: str | None,
+    ttl_seconds: int | None,
+) -> Flow[protocol.PoolInfo]:
+    request = build(
+        protocol.PoolCreateRequest,
+        name=name,
+        image=image,
+        size=size,
+        block_network=block_network,
+        cpu=cpu,
+        memory=memory,
+        env=dict(env or {}),
+        workdir=workdir,
+        ttl_seconds=ttl_seconds,
+    )
+    data = yield from call(
+        core,
+        Send(
+            "POST",
+            "/pools",
+            json=request.model_dump(mode="json", exclude_none=True),
+            retry=Retry.UNSENT_ONLY,
+        ),
+    )
+    return protocol.PoolInfo.model_validate(data)
+
+
+def list_pools(core: ClientCore) -> Flow[list[protocol.PoolInfo]]:
+    data = yield from call(core, Send("GET", "/pools"))
+    return protocol.PoolList.model_validate(data).pools
+
+
+def get_pool(core: ClientCore, name: str) -> Flow[protocol.PoolInfo]:
+    data = yield from call(core, Send("GET", _pool(name)))
+    return protocol.PoolInfo.model_validate(data)
+
+
+def resize_pool(core: ClientCore, name: str, size: int) -> Flow[protocol.PoolInfo]:
+    request = build(protocol.PoolResizeRequest, size=size)
+    data = yield from call(core, Send("PATCH", _pool(name), json=request.model_dump(mode="json")))
+    return protocol.PoolInfo.model_validate(data)
+
+
+def delete_pool(core: ClientCore, name: str) -> Flow[protocol.PoolInfo]:
+    data = yield from call(core, Send("DELETE", _pool(name)))
+    return protocol.PoolInfo.model_validate(data)
 
 
 # --- snapshots, restore and fork ----------------------------------------------------------

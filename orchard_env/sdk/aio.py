@@ -13,18 +13,19 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self, TypeVar, cast, overload
+from typing import Any, Literal, Self, TypeVar, cast, overload
 
 import httpx
 
 from orchard_env import errors, protocol
 from orchard_env.sdk import _cleanup
 from orchard_env.sdk import _flows as flows
+from orchard_env.sdk import _trajectories as trajectories
 from orchard_env.sdk._base import ClientCore, ClientView, Flow, Send, Sleep, transport_error
 from orchard_env.sdk._handle import (
     CHUNK,
@@ -44,7 +45,9 @@ from orchard_env.sdk.results import ExecResult, FileEntry, Health, PatchResult, 
 logger = logging.getLogger("orchard_env.sdk")
 
 _T = TypeVar("_T")
-_LIMITS = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+# Creates and ready-waits hold a connection for as long as the service takes to start the
+# sandbox: a lower cap than the tasks a caller runs at once queues their commands behind them.
+_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
 
 
 class AsyncSandboxClient(ClientView):
@@ -116,6 +119,8 @@ class AsyncSandboxClient(ClientView):
         workdir: str | None = None,
         ttl_seconds: int | None = None,
         idle_timeout_seconds: int | None = None,
+        model_gateway: Mapping[str, Any] | None = None,
+        tools: bool | Sequence[str] | None = None,
     ) -> AsyncSandbox:
         """See :meth:`SandboxClient.create_sandbox`; cancelling the task deletes the sandbox."""
         request = flows.create_request(
@@ -131,6 +136,8 @@ class AsyncSandboxClient(ClientView):
             workdir=workdir,
             ttl_seconds=ttl_seconds,
             idle_timeout_seconds=idle_timeout_seconds,
+            model_gateway=model_gateway,
+            tools=tools,
         )
         info = await self._run(
             flows.create_sandbox(
@@ -148,8 +155,12 @@ class AsyncSandboxClient(ClientView):
         status: str | protocol.SandboxStatus | None = None,
         *,
         include_deleted: bool = False,
+        chunk_size: int = flows.LIST_CHUNK_SIZE,
     ) -> list[protocol.SandboxInfo]:
-        return await self._run(flows.list_sandboxes(self._core, labels, status, include_deleted))
+        """See :meth:`SandboxClient.list_sandboxes`."""
+        return await self._run(
+            flows.list_sandboxes(self._core, labels, status, include_deleted, chunk_size)
+        )
 
     async def delete_sandbox(self, sandbox_id: str, missing_ok: bool = False) -> bool:
         return await self._run(flows.delete_sandbox(self._core, sandbox_id, missing_ok=missing_ok))
@@ -245,6 +256,55 @@ class AsyncSandboxClient(ClientView):
     async def revoke_key(self, key_id: str) -> protocol.KeyInfo:
         return await self._run(flows.revoke_key(self._core, key_id))
 
+    # --- warm pools (admin) ------------------------------------------------------------------
+
+    async def create_pool(
+        self,
+        name: str,
+        image: str,
+        size: int,
+        *,
+        block_network: bool = True,
+        cpu: str | float | None = None,
+        memory: str | int | None = None,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        ttl_seconds: int | None = None,
+    ) -> protocol.PoolInfo:
+        """Keep ``size`` sandboxes of this spec ready (admin only): a ``create_sandbox`` with
+        the same image, cpu, memory, network, env and workdir, and no ``sandbox_id``, takes one.
+        ``ttl_seconds``: how long one waits unclaimed before it is replaced."""
+        return await self._run(
+            flows.create_pool(
+                self._core,
+                name,
+                image,
+                size,
+                block_network=block_network,
+                cpu=cpu,
+                memory=memory,
+                env=env,
+                workdir=workdir,
+                ttl_seconds=ttl_seconds,
+            )
+        )
+
+    async def list_pools(self) -> list[protocol.PoolInfo]:
+        """Every warm pool, by name, with how many sandboxes are ready and starting (admin)."""
+        return await self._run(flows.list_pools(self._core))
+
+    async def get_pool(self, name: str) -> protocol.PoolInfo:
+        """One warm pool: its spec, size, ready and starting counts, last refill error (admin)."""
+        return await self._run(flows.get_pool(self._core, name))
+
+    async def resize_pool(self, name: str, size: int) -> protocol.PoolInfo:
+        """Grow or shrink a pool (admin): shrinking removes waiting sandboxes, not claimed ones."""
+        return await self._run(flows.resize_pool(self._core, name, size))
+
+    async def delete_pool(self, name: str) -> protocol.PoolInfo:
+        """Remove the pool and the sandboxes waiting in it (claimed ones stay their owners')."""
+        return await self._run(flows.delete_pool(self._core, name))
+
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def close(self) -> None:
@@ -333,9 +393,13 @@ class AsyncSandboxClient(ClientView):
                 await self._sleep(replay.reconnect_delay(failure))
         except (KeyboardInterrupt, asyncio.CancelledError):
             if cancel_on_interrupt and replay.final is None and request.job_id is not None:
-                with contextlib.suppress(errors.OrchardError):
-                    await self.cancel_job(request.job_id)
+                await self._cancel_interrupted(request.job_id)
             raise
+
+    async def _cancel_interrupted(self, job_id: str) -> None:
+        """Cancel a job whose caller was interrupted while it ran (errors are not theirs)."""
+        with contextlib.suppress(errors.OrchardError):
+            await self.cancel_job(job_id)
 
 
 class AsyncSandbox(SandboxBase):
@@ -479,23 +543,29 @@ class AsyncSandbox(SandboxBase):
     ) -> ExecResult:
         """See :meth:`Sandbox.exec_streamed`."""
         final: protocol.Job | None = None
-        async for event in self.exec_stream(
-            command,
-            timeout,
-            cwd,
-            env,
-            login_shell,
-            stdin=stdin,
-            job_id=job_id,
-            shell=shell,
-            cancel_on_interrupt=cancel_on_interrupt,
-        ):
-            if event.event == "stdout":
-                emit(stdout or sys.stdout, event.data)
-            elif event.event == "stderr":
-                emit(stderr or sys.stderr, event.data)
-            elif event.event == "exit":
-                final = event.job
+        job_id = job_id or flows.new_job_id()
+        try:
+            async for event in self.exec_stream(
+                command,
+                timeout,
+                cwd,
+                env,
+                login_shell,
+                stdin=stdin,
+                job_id=job_id,
+                shell=shell,
+                cancel_on_interrupt=False,  # below: an interrupt in a sink counts too
+            ):
+                if event.event == "stdout":
+                    emit(stdout or sys.stdout, event.data)
+                elif event.event == "stderr":
+                    emit(stderr or sys.stderr, event.data)
+                elif event.event == "exit":
+                    final = event.job
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            if cancel_on_interrupt and final is None:
+                await self._client._cancel_interrupted(job_id)
+            raise
         result = flows.stream_result(final, timeout)
         if check:
             result.check_returncode()
@@ -601,6 +671,24 @@ class AsyncSandbox(SandboxBase):
 
     async def mkdir(self, path: str) -> None:
         await self._client._run(flows.mkdir(self._core, self.sandbox_id, path))
+
+    # --- model calls (see docs/harnesses.md) ----------------------------------------------
+
+    async def model_calls(self, trajectory_id: str | None = None) -> list[dict[str, Any]]:
+        """The sandbox's recorded model calls (``orchard.model_call/v1``), oldest first."""
+        return await self._client._run(
+            trajectories.model_calls(self._core, self.sandbox_id, trajectory_id)
+        )
+
+    async def trajectories(self) -> list[protocol.TrajectorySummary]:
+        """Calls, tokens and errors per trajectory of the sandbox."""
+        return await self._client._run(trajectories.trajectories(self._core, self.sandbox_id))
+
+    async def set_trajectory(self, trajectory_id: str) -> None:
+        """Send the sandbox's next model calls to ``trajectory_id`` (a new episode)."""
+        self.info = await self._client._run(
+            trajectories.set_trajectory(self._core, self.sandbox_id, trajectory_id)
+        )
 
     # --- liveness ----------------------------------------------------------------------------
 

@@ -13,18 +13,19 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal, Self, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, cast, overload
 
 import httpx
 
 from orchard_env import errors, protocol
 from orchard_env.sdk import _cleanup
 from orchard_env.sdk import _flows as flows
+from orchard_env.sdk import _trajectories as trajectories
 from orchard_env.sdk._base import ClientCore, ClientView, Flow, Send, Sleep, transport_error
 from orchard_env.sdk._handle import (
     CHUNK,
@@ -121,6 +122,8 @@ class SandboxClient(ClientView):
         workdir: str | None = None,
         ttl_seconds: int | None = None,
         idle_timeout_seconds: int | None = None,
+        model_gateway: Mapping[str, Any] | None = None,
+        tools: bool | Sequence[str] | None = None,
     ) -> Sandbox:
         """Create a sandbox and (``wait_ready``) wait until it runs; return its handle.
 
@@ -128,6 +131,9 @@ class SandboxClient(ClientView):
         start, times out or the wait is interrupted (Ctrl-C), the sandbox is deleted and the
         error raised: :class:`~orchard_env.errors.SandboxNotReady` with the reason,
         :class:`~orchard_env.errors.Timeout` (also a ``TimeoutError``).
+
+        ``tools``: the agent harnesses at ``/opt/sandbox-tools`` (on PATH): None or True for
+        all the service has, False for none, or names (``["codex", "pi"]``).
         """
         request = flows.create_request(
             self._core,
@@ -142,6 +148,8 @@ class SandboxClient(ClientView):
             workdir=workdir,
             ttl_seconds=ttl_seconds,
             idle_timeout_seconds=idle_timeout_seconds,
+            model_gateway=model_gateway,
+            tools=tools,
         )
         info = self._run(
             flows.create_sandbox(
@@ -160,9 +168,13 @@ class SandboxClient(ClientView):
         status: str | protocol.SandboxStatus | None = None,
         *,
         include_deleted: bool = False,
+        chunk_size: int = flows.LIST_CHUNK_SIZE,
     ) -> list[protocol.SandboxInfo]:
-        """Sandboxes visible to this key, optionally only those with all ``labels``."""
-        return self._run(flows.list_sandboxes(self._core, labels, status, include_deleted))
+        """Sandboxes visible to this key, optionally only those with all ``labels``, newest
+        first; fetched ``chunk_size`` per request."""
+        return self._run(
+            flows.list_sandboxes(self._core, labels, status, include_deleted, chunk_size)
+        )
 
     def delete_sandbox(self, sandbox_id: str, missing_ok: bool = False) -> bool:
         """Delete a sandbox; True if deleted now, False if already gone (with ``missing_ok``)."""
@@ -280,6 +292,55 @@ class SandboxClient(ClientView):
         """Revoke a key: requests with it are refused from now on (admin)."""
         return self._run(flows.revoke_key(self._core, key_id))
 
+    # --- warm pools (admin) ------------------------------------------------------------------
+
+    def create_pool(
+        self,
+        name: str,
+        image: str,
+        size: int,
+        *,
+        block_network: bool = True,
+        cpu: str | float | None = None,
+        memory: str | int | None = None,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        ttl_seconds: int | None = None,
+    ) -> protocol.PoolInfo:
+        """Keep ``size`` sandboxes of this spec ready (admin only): a ``create_sandbox`` with
+        the same image, cpu, memory, network, env and workdir, and no ``sandbox_id``, takes one.
+        ``ttl_seconds``: how long one waits unclaimed before it is replaced."""
+        return self._run(
+            flows.create_pool(
+                self._core,
+                name,
+                image,
+                size,
+                block_network=block_network,
+                cpu=cpu,
+                memory=memory,
+                env=env,
+                workdir=workdir,
+                ttl_seconds=ttl_seconds,
+            )
+        )
+
+    def list_pools(self) -> list[protocol.PoolInfo]:
+        """Every warm pool, by name, with how many sandboxes are ready and starting (admin)."""
+        return self._run(flows.list_pools(self._core))
+
+    def get_pool(self, name: str) -> protocol.PoolInfo:
+        """One warm pool: its spec, size, ready and starting counts, last refill error (admin)."""
+        return self._run(flows.get_pool(self._core, name))
+
+    def resize_pool(self, name: str, size: int) -> protocol.PoolInfo:
+        """Grow or shrink a pool (admin): shrinking removes waiting sandboxes, not claimed ones."""
+        return self._run(flows.resize_pool(self._core, name, size))
+
+    def delete_pool(self, name: str) -> protocol.PoolInfo:
+        """Remove the pool and the sandboxes waiting in it (claimed ones stay their owners')."""
+        return self._run(flows.delete_pool(self._core, name))
+
     # --- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -368,9 +429,13 @@ class SandboxClient(ClientView):
                 self._sleep(replay.reconnect_delay(failure))
         except KeyboardInterrupt:
             if cancel_on_interrupt and replay.final is None and request.job_id is not None:
-                with contextlib.suppress(errors.OrchardError):
-                    self.cancel_job(request.job_id)
+                self._cancel_interrupted(request.job_id)
             raise
+
+    def _cancel_interrupted(self, job_id: str) -> None:
+        """Cancel a job whose caller was interrupted while it ran (errors are not theirs)."""
+        with contextlib.suppress(errors.OrchardError):
+            self.cancel_job(job_id)
 
 
 class Sandbox(SandboxBase):
@@ -494,7 +559,9 @@ class Sandbox(SandboxBase):
         without repeating output already yielded; so does calling again with the same
         ``job_id`` and command. Ctrl-C (``KeyboardInterrupt``) while waiting cancels the
         command in the sandbox before it propagates, unless ``cancel_on_interrupt=False``
-        (the job keeps running; re-attach with its ``job_id``).
+        (the job keeps running; re-attach with its ``job_id``). One that lands in the body
+        of your loop, between events, does not pass through here: catch it there and call
+        ``cancel_job`` with the job id you gave (:meth:`exec_streamed` does).
         """
         request = flows.exec_request(
             command,
@@ -535,23 +602,29 @@ class Sandbox(SandboxBase):
         :meth:`exec_stream`).
         """
         final: protocol.Job | None = None
-        for event in self.exec_stream(
-            command,
-            timeout,
-            cwd,
-            env,
-            login_shell,
-            stdin=stdin,
-            job_id=job_id,
-            shell=shell,
-            cancel_on_interrupt=cancel_on_interrupt,
-        ):
-            if event.event == "stdout":
-                emit(stdout or sys.stdout, event.data)
-            elif event.event == "stderr":
-                emit(stderr or sys.stderr, event.data)
-            elif event.event == "exit":
-                final = event.job
+        job_id = job_id or flows.new_job_id()
+        try:
+            for event in self.exec_stream(
+                command,
+                timeout,
+                cwd,
+                env,
+                login_shell,
+                stdin=stdin,
+                job_id=job_id,
+                shell=shell,
+                cancel_on_interrupt=False,  # below: an interrupt in a sink counts too
+            ):
+                if event.event == "stdout":
+                    emit(stdout or sys.stdout, event.data)
+                elif event.event == "stderr":
+                    emit(stderr or sys.stderr, event.data)
+                elif event.event == "exit":
+                    final = event.job
+        except KeyboardInterrupt:
+            if cancel_on_interrupt and final is None:
+                self._client._cancel_interrupted(job_id)
+            raise
         result = flows.stream_result(final, timeout)
         if check:
             result.check_returncode()
@@ -665,6 +738,24 @@ class Sandbox(SandboxBase):
     def mkdir(self, path: str) -> None:
         """Create a directory and its parents (no error if it exists)."""
         self._client._run(flows.mkdir(self._core, self.sandbox_id, path))
+
+    # --- model calls (see docs/harnesses.md) ----------------------------------------------
+
+    def model_calls(self, trajectory_id: str | None = None) -> list[dict[str, Any]]:
+        """The sandbox's recorded model calls (``orchard.model_call/v1``), oldest first."""
+        return self._client._run(
+            trajectories.model_calls(self._core, self.sandbox_id, trajectory_id)
+        )
+
+    def trajectories(self) -> list[protocol.TrajectorySummary]:
+        """Calls, tokens and errors per trajectory of the sandbox."""
+        return self._client._run(trajectories.trajectories(self._core, self.sandbox_id))
+
+    def set_trajectory(self, trajectory_id: str) -> None:
+        """Send the sandbox's next model calls to ``trajectory_id`` (a new episode)."""
+        self.info = self._client._run(
+            trajectories.set_trajectory(self._core, self.sandbox_id, trajectory_id)
+        )
 
     # --- liveness ----------------------------------------------------------------------------
 

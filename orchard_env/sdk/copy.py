@@ -6,7 +6,8 @@ image, with or without tar. The rules, for ``copy_in`` (``copy_out`` mirrors the
 * a file onto a path ending in ``/`` or onto an existing directory lands inside it under its
   own name; onto any other path, at that path (its parent must exist);
 * a directory onto an existing directory lands inside it under its own name; onto a path
-  that does not exist, becomes it; ``SRC/.`` copies the directory's contents instead;
+  that does not exist, becomes it; ``SRC/.`` (or ``.``, the working directory in the
+  sandbox) copies the directory's contents instead;
 * symlinks and special files are skipped and reported (the file API moves regular files).
 
 Names the sandbox reports are checked before anything is written locally: a name with a
@@ -78,7 +79,8 @@ def _local_kind(path: Path) -> Kind | None:
 
 
 def _contents_only(spec: str) -> bool:
-    return spec.endswith("/.")
+    """``SRC/.`` (and ``.``, the sandbox's working directory): the directory's contents."""
+    return spec in (".", "./") or spec.endswith("/.")
 
 
 def _lands_inside(source: str, dest: str, dest_kind: Kind | None, where: str) -> bool:
@@ -168,20 +170,24 @@ def copy_out(sandbox: Sandbox, source: str, dest: str) -> CopyReport:
         )
     local = Path(dest)
     dest_kind = _local_kind(local)
-    name = _safe_name(posixpath.basename(posixpath.normpath(source)) or "root", source)
     report = CopyReport()
     if kind == "file":
         if dest.endswith(os.sep) and dest_kind != "directory":
             raise _missing(" (a directory)", dest)
-        target = local / name if dest_kind == "directory" else local
+        target = local / _base_name(source) if dest_kind == "directory" else local
         report.bytes += sandbox.download_file(source, target)
         report.files += 1
         return report
     inside = _lands_inside(source, dest, dest_kind, "")
     if dest_kind is None and not local.parent.is_dir():
         raise _missing(" (the destination's parent directory)", str(local.parent))
-    _download_tree(sandbox, source, local / name if inside else local, report)
+    _download_tree(sandbox, source, local / _base_name(source) if inside else local, report)
     return report
+
+
+def _base_name(source: str) -> str:
+    """The name a copy of ``source`` gets locally (``/`` is copied as ``root``)."""
+    return _safe_name(posixpath.basename(posixpath.normpath(source)) or "root", source)
 
 
 # --- tar streams (``-``) ---------------------------------------------------------------------
@@ -189,12 +195,15 @@ def copy_out(sandbox: Sandbox, source: str, dest: str) -> CopyReport:
 
 def tar_out(sandbox: Sandbox, source: str, stream: IO[bytes]) -> CopyReport:
     """Write ``source`` (a file or directory in the sandbox) to ``stream`` as a tar archive
-    whose top entry is its base name, as ``docker cp SRC -`` does."""
+    whose top entry is its base name (``.`` for ``SRC/.``), as ``docker cp SRC -`` does."""
     with tempfile.TemporaryDirectory(prefix="orchard-cp-") as scratch:
         report = copy_out(sandbox, source, scratch + os.sep)
-        (top,) = list(Path(scratch).iterdir())
         with tarfile.open(fileobj=stream, mode="w|") as archive:
-            archive.add(top, arcname=top.name)
+            if _contents_only(source):
+                archive.add(scratch, arcname=".")
+            else:
+                (top,) = list(Path(scratch).iterdir())
+                archive.add(top, arcname=top.name)
     return report
 
 

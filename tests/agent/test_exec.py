@@ -225,8 +225,36 @@ async def test_cancel(agent: AgentClient) -> None:
     final = await anext(events)
     assert isinstance(final, Exit) and final.cancelled and final.signal == 9
     assert await agent.cancel("j1") is False  # already finished
-    with pytest.raises(errors.JobNotFound):
-        await agent.cancel("unknown-job")
+
+
+async def test_a_cancel_that_overtakes_its_exec_stops_it_from_running(agent: AgentClient) -> None:
+    # The orchestrator's cancel and its exec travel on separate connections: the cancel may
+    # arrive first. The exec that follows must not run its command, and says why.
+    assert await agent.cancel("ahead") is True
+    result = await collect(agent.exec("ahead", "touch ran; echo ran"))
+    assert result.exit.cancelled and result.exit.exit_code is None
+    assert result.exit.error == "cancelled before it started" and result.stdout == b""
+    again = await collect(agent.exec("ahead", "touch ran; echo ran"))  # attaches: same end
+    assert again.exit.cancelled and again.stdout == b""
+    assert (await collect(agent.exec("after", "test -e ran"))).exit.exit_code == 1
+
+
+async def test_a_cancel_racing_a_natural_exit_reports_one_consistent_end(
+    agent: AgentClient,
+) -> None:
+    # The command exits right after printing, while a background child keeps its pipes open
+    # (the agent then drains for a moment): a cancel in that moment must neither signal the
+    # reaped pid (it may be another process's by now) nor report the command cancelled.
+    for n in range(5):
+        events = agent.exec(f"race{n}", "sleep 2 & echo done", timeout=30)
+        assert await anext(events) == Output("stdout", b"done\n")
+        await asyncio.sleep(0.05 * n)
+        cancelled = await agent.cancel(f"race{n}")
+        final = (await collect(events)).exit
+        if cancelled:
+            assert final.cancelled and final.signal == 9 and final.exit_code is None
+        else:
+            assert not final.cancelled and final.exit_code == 0 and final.signal is None
 
 
 async def test_same_job_id_never_runs_twice(agent: AgentClient, agent_server: RunningAgent) -> None:

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import urllib.parse
+from pathlib import Path
 
 import pytest
 
-from orchard_env.agent.daemon import files, procs, server, websocket
+from orchard_env.agent.daemon import files, http, procs, server, websocket
 
 
 def test_parse_listen() -> None:
@@ -20,6 +25,51 @@ def test_parse_listen() -> None:
     for bad in ("unix:relative.sock", "tcp:host", "tcp:host:0", "tcp:host:http", "udp:x:1"):
         with pytest.raises(ValueError, match=r"must be unix:/abs/path\.sock or tcp:HOST:PORT"):
             server.parse_listen(bad)
+
+
+def test_a_bad_command_line_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in ([], ["--listen"], ["--port", "1"], ["--listen", "udp:x:1"], ["--listen=tcp:h"]):
+        assert server.main(argv) == 2, argv
+        assert "usage: orchard-agent --listen" in capsys.readouterr().err
+
+
+QUERY_CASES = (
+    "path=%2Fworkspace%2Fa%20b.txt&recursive=true",
+    "path=caf%C3%A9+au+lait&mode=0644",
+    "path=%zz%4&x=%&=empty&flag&&",
+    "path=%C3&b=%E2%82",  # a cut UTF-8 sequence: replaced, as urllib does
+    "a=1&a=2",  # the last one wins, as dict(parse_qsl(...)) keeps it
+)
+
+
+@pytest.mark.parametrize("query", QUERY_CASES)
+def test_query_and_path_decoding_match_urllib(query: str) -> None:
+    expected = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+    assert http.parse_query(query) == expected
+    assert http.unquote(query) == urllib.parse.unquote(query)
+
+
+def test_the_idle_agent_loads_no_module_it_needs_only_later(tmp_path: Path) -> None:
+    # What only a PTY, a spill without O_TMPFILE, the first command or the command line
+    # parser needs is not in an idle agent's memory (see docs/performance.md, memory). The
+    # package runs alone, as the bundle ships it (orchard_agent, -I -S).
+    shutil.copytree(Path(server.__file__).parent, tmp_path / "orchard_agent")
+    probe = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from orchard_agent import server\n"
+        "server.Agent('/')\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split()
+    for module in ("argparse", "urllib.parse", "tempfile", "ctypes", "termios"):
+        assert module not in loaded, module
+    assert "orchard_agent.pty" not in loaded and "orchard_agent.server" in loaded
 
 
 def test_build_argv(monkeypatch: pytest.MonkeyPatch) -> None:

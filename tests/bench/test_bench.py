@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from orchard_env.bench import _agent_memory, cpu_seconds, listener_pid, stat_fields
+from orchard_env.bench import _agent_memory
+from orchard_env.bench_host import cpu_seconds, listener_pid, stat_fields
 
 
 def test_listener_pid_finds_the_process_listening_on_a_port() -> None:

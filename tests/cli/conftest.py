@@ -73,3 +73,9 @@ def run_orchard_text(
     return subprocess.CompletedProcess(
         done.args, done.returncode, done.stdout.decode(), done.stderr.decode()
     )
+
+
+def ok(result: Result) -> str:
+    """The stdout of an in-process run that succeeded."""
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result.stdout

@@ -16,12 +16,8 @@ from orchard_cli.snapshot import lineage_tree
 from orchard_env import errors
 from orchard_env.orchestrator import snapshots
 from orchard_env.protocol import SandboxInfo, SandboxStatus, Snapshot
+from tests.cli.conftest import ok
 from tests.orchestrator.fakes import AgentProcessBackend
-
-
-def ok(result: Result) -> str:
-    assert result.exit_code == 0, (result.output, result.exception)
-    return result.stdout
 
 
 def test_snapshot_commands_end_to_end(orchard: Callable[..., Result]) -> None:

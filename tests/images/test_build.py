@@ -36,6 +36,7 @@ def test_image_refs_name_every_image_under_registry_and_repository() -> None:
         "orchestrator": "myacr.azurecr.io/orchard/orchestrator:1.2.3",
         "agent-injector": "myacr.azurecr.io/orchard/agent-injector:1.2.3",
         "sandbox": "myacr.azurecr.io/orchard/sandbox:1.2.3",
+        "tools": "myacr.azurecr.io/orchard/tools:1.2.3",
     }
     assert image_refs("ghcr.io/acme/", "ml/orchard", "t")["sandbox"] == (
         "ghcr.io/acme/ml/orchard/sandbox:t"
@@ -161,7 +162,7 @@ def test_resolve_refs_refuses_an_unknown_image() -> None:
     with pytest.raises(ConfigError) as caught:
         resolve_refs(tag="t", only=["sandbox", "redis"])
     assert caught.value.message == "unknown image 'redis'"
-    assert caught.value.hint == "the images are orchestrator, agent-injector, sandbox"
+    assert caught.value.hint == "the images are orchestrator, agent-injector, sandbox, tools"
 
 
 # --- builder detection --------------------------------------------------------------------
@@ -389,3 +390,22 @@ def test_build_images_checks_its_arguments_before_building(
         build_images(builder="podman", **arguments)  # type: ignore[arg-type]
     assert caught.value.message == message
     assert fake_builders.calls() == []
+
+
+def test_the_tools_image_is_built_only_when_named() -> None:
+    refs = image_refs("r.io", "orchard", "t")
+    assert "tools" not in build.select(refs, ())
+    assert build.select(refs, ["tools"]) == {"tools": "r.io/orchard/tools:t"}
+
+
+def test_the_tools_context_links_the_payload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    payload = tmp_path / "payload"
+    (payload / "bin").mkdir(parents=True)
+    (payload / "bin" / "codex").write_text("#!/bin/sh\n")
+    monkeypatch.setenv("ORCHARD_TOOLS_DIR", str(payload))
+    build.assemble_context("tools", tmp_path / "ctx")
+    linked = tmp_path / "ctx" / "payload" / "bin" / "codex"
+    assert linked.stat().st_ino == (payload / "bin" / "codex").stat().st_ino  # not copied
+    assert "COPY payload /opt/sandbox-tools" in (tmp_path / "ctx" / "Dockerfile").read_text()

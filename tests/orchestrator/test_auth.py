@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from orchard_env.config import ServiceSettings
@@ -13,7 +14,7 @@ from orchard_env.orchestrator.keys import (
     key_is_valid_sync,
 )
 from orchard_env.orchestrator.store import SQLiteStore
-from tests.orchestrator.conftest import Service, StartService, make_settings
+from tests.orchestrator.conftest import Service, StartService, eventually, make_settings
 from tests.orchestrator.test_sandboxes import detail
 
 
@@ -157,3 +158,30 @@ async def test_only_the_hash_is_stored(tmp_path: Path) -> None:
         await store.close()
     assert record is not None and record.sha256 == hash_key(created.api_key)
     assert created.api_key.encode() not in settings.db_path.read_bytes()
+
+
+async def test_revoking_a_key_ends_its_waits_and_the_command_runs_on(service: Service) -> None:
+    key = await service.new_key("alice")
+    alice = service.as_key(key)
+    created = await alice.post("/sandboxes", json={"image": "debian:12", "sandbox_id": "waits"})
+    assert created.status_code == 201
+    await alice.get("/sandboxes/waits/wait")
+    long = {"command": "sleep 600", "job_id": "long", "wait": True}
+    waiting_exec = asyncio.ensure_future(alice.post("/sandboxes/waits/exec", json=long))
+
+    async def running() -> bool:
+        job = await service.http.get("/jobs/long")
+        return job.status_code == 200 and job.json()["status"] == "running"
+
+    await eventually(running)
+    waiting_job = asyncio.ensure_future(alice.get("/jobs/long/wait", params={"timeout": 600}))
+    await asyncio.sleep(0.2)  # both requests are waiting now (a late one is refused anyway)
+    assert not waiting_exec.done() and not waiting_job.done()
+
+    assert (await service.http.delete(f"/keys/{key.key_id}")).status_code == 200
+    for response in await asyncio.gather(waiting_exec, waiting_job):
+        assert response.status_code == 403
+        assert detail(response)["message"] == f"the API key {key.key_id} was revoked"
+    assert (await service.http.get("/jobs/long")).json()["status"] == "running"
+    cancelled = await service.http.post("/jobs/long/cancel")
+    assert cancelled.json()["status"] == "failed"

@@ -192,6 +192,28 @@ async def test_cancel_kills_the_command(service: Service) -> None:
     assert (again.json()["status"], again.json()["cancelled"]) == ("failed", True)
 
 
+async def test_a_cancel_right_after_the_submission_is_never_lost(service: Service) -> None:
+    # At each delay the cancel meets the job at another stage: queued, its exec on its way to
+    # the agent (which may see the cancel first), or running. Each time the job ends
+    # cancelled, and one cancelled before it started never ran.
+    sandbox_id = (await service.create())["sandbox_id"]
+    ended = {}
+    for n, delay in enumerate((0, 0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)):
+        submitted = await service.http.post(
+            f"/sandboxes/{sandbox_id}/exec",
+            json={"command": f"touch ran-{n}; sleep 60", "job_id": f"hasty-{n}"},
+        )
+        assert submitted.status_code == 200, submitted.text
+        await asyncio.sleep(delay)
+        job = (await service.http.post(f"/jobs/hasty-{n}/cancel")).json()
+        assert (job["status"], job["cancelled"]) == ("failed", True), job
+        ended[n] = job["error"]
+    listing = await service.exec(sandbox_id, "ls")
+    ran = {int(name.removeprefix("ran-")) for name in listing["stdout"].split()}
+    never = {"cancelled before it ran", "cancelled before it started"}
+    assert not {n for n, error in ended.items() if error in never} & ran, (ended, ran)
+
+
 async def test_timeout_is_distinct_from_exit_124(service: Service) -> None:
     sandbox_id = (await service.create())["sandbox_id"]
     timed = await service.exec(sandbox_id, "echo started; sleep 30", timeout_seconds=1)

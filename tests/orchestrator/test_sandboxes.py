@@ -264,6 +264,38 @@ async def test_list_filters_by_label_and_status(service: Service) -> None:
     assert detail(bad)["message"] == "label filter 'team' must look like key=value"
 
 
+async def test_list_pages_follow_continue_tokens_newest_first(service: Service, clock: Any) -> None:
+    for name in ("p1", "p2", "p3"):
+        await service.create(sandbox_id=name, labels={"page": "yes"})
+    clock.advance(1)
+    await service.create(sandbox_id="p0", labels={"page": "no"})
+    clock.advance(1)
+    await service.create(sandbox_id="p4", labels={"page": "yes"})
+
+    async def pages(**params: Any) -> list[list[str]]:
+        seen, token = [], None
+        while True:
+            query = params if token is None else {**params, "continue": token}
+            response = await service.http.get("/sandboxes", params=query)
+            assert response.status_code == 200, response.text
+            body = response.json()
+            seen.append([s["sandbox_id"] for s in body["sandboxes"]])
+            token = body["continue"]
+            if token is None:
+                return seen
+
+    assert await pages() == [["p4", "p0", "p3", "p2", "p1"]]
+    assert await pages(limit=2) == [["p4", "p0"], ["p3", "p2"], ["p1"]]
+    assert await pages(limit=5) == [["p4", "p0", "p3", "p2", "p1"], []]
+    # label filters apply to each page: a page may hold fewer than the limit
+    assert await pages(limit=2, label="page=yes") == [["p4"], ["p3", "p2"], ["p1"]]
+    for bad in ({"continue": "garbage"}, {"continue": "bm90fGFuaWQ"}, {"limit": 0}):
+        refused = await service.http.get("/sandboxes", params=bad)
+        assert refused.status_code == 400, bad
+    forged = await service.http.get("/sandboxes", params={"continue": "garbage"})
+    assert detail(forged)["message"] == "continue token 'garbage' is not one this service gave"
+
+
 async def test_heartbeat_extends_expiry(service: Service, clock: Any) -> None:
     info = await service.create(sandbox_id="beat", idle_timeout_seconds=1800)
     clock.advance(600)

@@ -6,6 +6,7 @@ import sqlite3
 import stat
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,6 +83,30 @@ async def test_inserts_are_idempotent(tmp_path: Path) -> None:
         await store.open_usage(row)
         await store.open_usage(row)  # one open row per sandbox
         assert len(await store.list_usage(NOW, datetime(2027, 1, 1, tzinfo=UTC))) == 1
+    finally:
+        await store.close()
+
+
+async def test_sandbox_pages_are_positions_in_newest_first_order(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "orchard.db")
+    await store.open()
+    try:
+        later = NOW.replace(minute=1)
+        for name in ("b", "a", "c"):  # one instant: the id orders them
+            await store.put_sandbox(sandbox(name))
+        await store.put_sandbox(sandbox("z").model_copy(update={"created_at": later}))
+        await store.put_sandbox(sandbox("gone", SandboxStatus.DELETED))
+
+        async def ids(**options: Any) -> list[str]:
+            return [r.sandbox_id for r in await store.list_sandboxes(**options)]
+
+        assert await ids() == ["z", "a", "b", "c"]
+        assert await ids(limit=2) == ["z", "a"]
+        assert await ids(after=(NOW, "a"), limit=2) == ["b", "c"]
+        assert await ids(after=(later, "z")) == ["a", "b", "c"]
+        assert await ids(after=(NOW, "c")) == []
+        assert await ids(status=SandboxStatus.DELETED) == ["gone"]
+        assert await ids(include_deleted=True, after=(NOW, "b")) == ["c", "gone"]
     finally:
         await store.close()
 

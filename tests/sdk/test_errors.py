@@ -109,4 +109,8 @@ def test_unknown_status_filter(client: SandboxClient, service: FakeService) -> N
     assert caught.value.hint is not None and "pending, ready" in caught.value.hint
     assert client.list_sandboxes(labels={"a": "b"}, status="ready") == []
     (listing,) = service.seen("GET", "/sandboxes")
-    assert listing.url.params.multi_items() == [("label", "a=b"), ("status", "ready")]
+    assert listing.url.params.multi_items() == [
+        ("label", "a=b"),
+        ("status", "ready"),
+        ("limit", "500"),
+    ]

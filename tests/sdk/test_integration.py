@@ -79,6 +79,15 @@ def test_readme_sync_usage(live: Live, tmp_path: Path) -> None:
         assert client.list_sandboxes(labels={"suite": "sdk"}) == []
 
 
+def test_a_list_is_fetched_page_by_page(live: Live) -> None:
+    with SandboxClient(base_url=live.url, api_key=live.api_key) as client:
+        made = [client.create_sandbox("any", labels={"suite": "pages"}) for _ in range(3)]
+        listed = client.list_sandboxes(labels={"suite": "pages"}, chunk_size=1)
+        assert [s.sandbox_id for s in listed] == [s.sandbox_id for s in reversed(made)]
+        with pytest.raises(errors.InvalidRequest, match="chunk_size must be at least 1"):
+            client.list_sandboxes(chunk_size=0)
+
+
 def test_binary_files_and_timeouts(live: Live, tmp_path: Path) -> None:
     payload = bytes(range(256)) * 4096 + b"tail"
     with SandboxClient(base_url=live.url, api_key=live.api_key) as client:

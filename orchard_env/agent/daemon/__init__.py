@@ -2,7 +2,8 @@
 
 It runs under the relocatable bundle interpreter inside any image (see ``orchard_env.agent``
 for the wire protocol), so it imports nothing outside the standard library, starts fast and
-stays small (idle RSS target: 20 MB). The bundle ships this package as ``orchard_agent``
+stays small (idle PSS target: 15 MB; what only a command, a file spill or a terminal needs
+is imported when first needed). The bundle ships this package as ``orchard_agent``
 (bytecode only) beside an entry ``__main__``; on the host it runs as::
 
     python -I -m orchard_env.agent.daemon --listen unix:/run/orchard/agent.sock

@@ -22,6 +22,7 @@ JOB_KEEP_SECONDS = 3600.0
 JOB_KEEP_COUNT = 1000
 JOB_BUFFER_BUDGET = 256 * 1024 * 1024  # output kept for finished jobs, all together
 SPOOLED_KEEP_COUNT = 64  # finished jobs that keep a spool file (and its descriptor) open
+CANCELLED_AHEAD_KEEP = 1024  # ids cancelled before their exec arrived, remembered at most
 
 
 class JobTable:
@@ -32,6 +33,7 @@ class JobTable:
         self.jobs: dict[str, Job] = {}
         self.memory = Budget()
         self.spool_dir = spool_dir()
+        self.cancelled_ahead: dict[str, None] = {}  # insertion-ordered: the oldest go first
 
     def get(self, job_id: str) -> Job | None:
         return self.jobs.get(job_id)
@@ -45,6 +47,24 @@ class JobTable:
     def add(self, job_id: str, fingerprint: str, max_output: int) -> Job:
         job = self.jobs[job_id] = Job(self, job_id, fingerprint, max_output)
         return job
+
+    def cancel(self, job_id: str) -> bool:
+        """Kill a job; False when it already ended. A job id not known yet is remembered, so
+        that its exec, should it arrive after the cancel (the two race on separate
+        connections), ends cancelled without running (:meth:`was_cancelled_ahead`)."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            return job.kill("cancel")
+        self.cancelled_ahead[job_id] = None
+        while len(self.cancelled_ahead) > CANCELLED_AHEAD_KEEP:
+            del self.cancelled_ahead[next(iter(self.cancelled_ahead))]
+        return True
+
+    def was_cancelled_ahead(self, job_id: str) -> bool:
+        if job_id not in self.cancelled_ahead:
+            return False
+        del self.cancelled_ahead[job_id]
+        return True
 
     def kill_all(self) -> None:
         for job in self.jobs.values():
@@ -97,6 +117,7 @@ class Job:
         self.done = False
         self.finished_at = 0.0
         self.pgid: int | None = None
+        self._exited: asyncio.Future[int] | None = None
         self._changed: asyncio.Event | None = None
         self._fds: list[int | None] = [None, None]
         self._streams_closed: asyncio.Future[None] | None = None
@@ -180,6 +201,11 @@ class Job:
 
     # running
 
+    def end_cancelled(self) -> None:
+        """End a job cancelled before its exec arrived, without running it."""
+        self.cancelled = True
+        self._finish(time.monotonic(), error="cancelled before it started")
+
     def start(
         self,
         command: str | list[str],
@@ -227,7 +253,7 @@ class Job:
         for index, fd in enumerate((out_r, err_r)):
             os.set_blocking(fd, False)
             loop.add_reader(fd, self._on_output, index)
-        exited = self.table.procs.watch_child(proc)
+        exited = self._exited = self.table.procs.watch_child(proc)
         feeder = None
         if in_w is not None and stdin is not None:
             os.set_blocking(in_w, False)
@@ -300,8 +326,13 @@ class Job:
 
     def kill(self, reason: str) -> bool:
         """SIGKILL everything the command started (timeout or cancel), ``setsid`` and
-        ``nohup`` descendants included; False when already done."""
-        if self.done or self.pgid is None:
+        ``nohup`` descendants included; False when already done.
+
+        A command that has exited by itself is not killed (nor reported cancelled or timed
+        out) even while its output drains: its pid is reaped first, so it may be reused by
+        now and must never be signalled."""
+        self.table.procs.reap()  # a command exited, its SIGCHLD not handled yet: now it is
+        if self.done or self.pgid is None or self._exited is None or self._exited.done():
             return False
         if reason == "timeout":
             self.timed_out = True

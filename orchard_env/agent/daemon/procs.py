@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
+import shlex
 import signal
 import subprocess
 from collections.abc import Callable
@@ -29,7 +31,11 @@ class Processes:
         self.tasks: set[asyncio.Task[None]] = set()
         self.pty_groups: set[int] = set()
         self.child_oom_score_adj = min(1000, read_oom_score_adj() + OOM_SCORE_BOOST)
-        self.preexec = subreaper_hook()
+
+    @functools.cached_property
+    def preexec(self) -> Callable[[], None] | None:
+        """:func:`subreaper_hook`, made at the first command (ctypes is not loaded before)."""
+        return subreaper_hook()
 
     def expose_to_oom_killer(self, pid: int) -> None:
         """Make a command a likelier OOM victim than the agent (raising needs no privilege):
@@ -146,6 +152,26 @@ def spawn_failure(exc: OSError, program: str, cwd: str) -> dict[str, Any]:
 
 
 SOURCE_BASHRC = "if [ -f ~/.bashrc ]; then . ~/.bashrc; fi\n"
+# The tools payload's bin/ (set by the backend that mounts it): appended to the commands'
+# PATH, after the image's own entries, so the image's toolchain wins.
+TOOLS_BIN = os.environ.get(OWN_ENV_PREFIX + "TOOLS_BIN", "")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def with_tools_path(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with :data:`TOOLS_BIN` at the end of its PATH (once)."""
+    path = env.get("PATH", DEFAULT_PATH)
+    if not TOOLS_BIN or TOOLS_BIN in path.split(":"):
+        return env
+    return {**env, "PATH": f"{path}:{TOOLS_BIN}" if path else TOOLS_BIN}
+
+
+def _tools_line() -> str:
+    """For login shells, whose profile scripts set PATH anew (Debian's /etc/profile)."""
+    if not TOOLS_BIN:
+        return ""
+    quoted = shlex.quote(TOOLS_BIN)
+    return f'case ":$PATH:" in *:{quoted}:*) ;; *) PATH="$PATH:"{quoted}; export PATH ;; esac\n'
 
 
 def build_argv(
@@ -167,9 +193,9 @@ def build_argv(
     script = command if isinstance(command, str) else 'exec "$@"'
     args = [] if isinstance(command, str) else [shell, *command]
     if shell != "/bin/bash":
-        return [shell, "-l", "-c", script, *args]
+        return [shell, "-l", "-c", _tools_line() + script, *args]
     restore = "" if stderr_fd is None else f"exec 2>&{stderr_fd} {stderr_fd}>&-\n"
-    return [shell, "--login", "-i", "-c", restore + SOURCE_BASHRC + script, *args]
+    return [shell, "--login", "-i", "-c", restore + SOURCE_BASHRC + _tools_line() + script, *args]
 
 
 def command_env(environ: dict[str, str], prefix: str) -> dict[str, str]:

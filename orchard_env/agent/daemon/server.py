@@ -3,7 +3,6 @@ its entry point (``main``)."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -26,8 +25,7 @@ from .http import (
     string_map,
 )
 from .jobs import DEFAULT_MAX_OUTPUT, Job, JobTable
-from .procs import Processes, command_env, initial_environ, signal_group
-from .pty import serve_pty
+from .procs import Processes, command_env, initial_environ, signal_group, with_tools_path
 
 AGENT_VERSION = "0.1.0"
 MAX_ENROLL_BODY = 1024 * 1024
@@ -41,11 +39,12 @@ class Agent:
     def __init__(self, workdir: str) -> None:
         self.key: bytes | None = None  # the sandbox's key, from the orchestrator's enrollment
         self.workdir = workdir
-        self.base_env = command_env(initial_environ(), sys.prefix)
+        self.base_env = with_tools_path(command_env(initial_environ(), sys.prefix))
         self.umask = os.umask(0o022)
         os.umask(self.umask)
         self.procs = Processes()
         self.jobs = JobTable(self.procs)
+        self.model_relay: asyncio.Server | None = None
 
     def shutdown(self) -> None:
         """Kill every running command and PTY session (the agent is stopping)."""
@@ -115,7 +114,7 @@ class Agent:
             ("DELETE", "/files"): lambda req: files.delete_path(req, self.path_arg(req)),
             ("GET", "/files/list"): lambda req: files.list_dir(req, self.path_arg(req)),
             ("POST", "/files/mkdir"): lambda req: files.make_dir(req, self.path_arg(req)),
-            ("GET", "/pty"): lambda req: serve_pty(req, self.procs, self.base_env, self.resolve),
+            ("GET", "/pty"): self.pty,
         }
         handler = routes.get((method, path))
         if handler is not None:
@@ -127,7 +126,7 @@ class Agent:
                 await self.stream_job(req, self.jobs[job_id])
                 return
             if action == "cancel" and method == "POST":
-                cancelled = self.jobs[job_id].kill("cancel")
+                cancelled = self.jobs.cancel(job_id)
                 await req.send_json(200, {"job_id": job_id, "cancelled": cancelled})
                 return
         elif path in {p for _, p in routes}:
@@ -171,8 +170,12 @@ class Agent:
             raise invalid("key must be a non-empty string")
         self.check_auth(req, key.encode())
         req.check_body(proof.digest(raw))
+        if "model" in body:  # a model gateway: imported only for a sandbox that has one
+            from . import model
+
+            self.model_relay = await model.start(body["model"])
         self.key = key.encode()
-        self.base_env = {**self.base_env, **env}
+        self.base_env = with_tools_path({**self.base_env, **env})
         log("enrolled")
         await req.send_json(200, {"enrolled": True})
 
@@ -185,6 +188,11 @@ class Agent:
 
     def path_arg(self, req: Request) -> str:
         return self.resolve(req.arg("path"))
+
+    async def pty(self, req: Request) -> None:
+        from .pty import serve_pty  # terminals are rare: not in the idle agent's memory
+
+        await serve_pty(req, self.procs, self.base_env, self.resolve)
 
     # exec
 
@@ -229,7 +237,10 @@ class Agent:
         data = None if stdin is None else decode_b64(stdin, "stdin")
         job = self.jobs.add(job_id, fingerprint, max_output)
         login = bool(body.get("login_shell"))
-        job.start(command, login, cwd, env, float(timeout) if timeout else None, data)
+        if self.jobs.was_cancelled_ahead(job_id):
+            job.end_cancelled()
+        else:
+            job.start(command, login, cwd, env, float(timeout) if timeout else None, data)
         await self.stream_job(req, job)
 
     async def stream_job(self, req: Request, job: Job) -> None:
@@ -319,14 +330,23 @@ async def serve(listen: tuple[str, str, int], workdir: str) -> None:
                 os.unlink(address)
 
 
+USAGE = "usage: orchard-agent --listen unix:/path/agent.sock|tcp:HOST:PORT"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="orchard-agent", description="Orchard sandbox agent")
-    parser.add_argument("--listen", required=True, help="unix:/path/agent.sock or tcp:HOST:PORT")
-    args = parser.parse_args(argv)
+    """The entry point. Its one option is parsed by hand: argparse (and gettext, which it
+    imports) would stay in the idle agent's memory for nothing."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 1 and args[0].startswith("--listen="):
+        args = ["--listen", args[0].removeprefix("--listen=")]
+    if len(args) != 2 or args[0] != "--listen":
+        print(USAGE, file=sys.stderr)
+        return 2
     try:
-        listen = parse_listen(args.listen)
+        listen = parse_listen(args[1])
     except ValueError as exc:
-        parser.error(str(exc))
+        print(f"{USAGE}\norchard-agent: error: {exc}", file=sys.stderr)
+        return 2
     workdir = os.environ.get("ORCHARD_AGENT_WORKDIR") or DEFAULT_WORKDIR
     if not become_undumpable():
         log("cannot make itself non-dumpable (not root): commands of the same user may trace it")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from collections.abc import Iterator
 
 SPOOL_ENV = "ORCHARD_AGENT_SPOOL"
@@ -41,6 +40,8 @@ def open_spool(folder: str | None) -> int | None:
         return os.open(folder, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
     except OSError:
         pass  # a filesystem without O_TMPFILE: make one with a name and unlink it at once
+    import tempfile  # rare, and it brings shutil, random, bz2 and lzma
+
     try:
         fd, path = tempfile.mkstemp(prefix=".orchard-spool-", dir=folder)
     except OSError:

@@ -9,6 +9,8 @@ from orchard_env.orchestrator.api import (
     health,
     jobs,
     keys,
+    model_calls,
+    pools,
     pty,
     sandboxes,
     snapshots,
@@ -18,6 +20,6 @@ from orchard_env.orchestrator.api import (
 
 def router() -> APIRouter:
     root = APIRouter()
-    for module in (health, sandboxes, snapshots, jobs, files, pty, keys, usage):
+    for module in (health, sandboxes, snapshots, jobs, files, pty, keys, pools, usage, model_calls):
         root.include_router(module.router)
     return root

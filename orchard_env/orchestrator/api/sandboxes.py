@@ -18,6 +18,8 @@ from orchard_env.protocol import (
     check_labels,
 )
 
+MAX_PAGE = 10_000
+
 router = APIRouter(tags=["sandboxes"])
 
 
@@ -48,12 +50,21 @@ async def list_sandboxes(
     label: Annotated[list[str], Query(description="key=value; repeat to AND them")] = [],  # noqa: B006
     status: SandboxStatus | None = None,
     include_deleted: bool = False,
+    limit: Annotated[
+        int | None, Query(ge=1, le=MAX_PAGE, description="at most this many per page")
+    ] = None,
+    continue_token: Annotated[
+        str | None,
+        Query(alias="continue", max_length=512, description="the previous page's `continue`"),
+    ] = None,
 ) -> SandboxList:
     return await orchard.sandboxes.list(
         caller,
         labels=parse_label_filters(label),
         status=status,
         include_deleted=include_deleted,
+        limit=limit,
+        continue_token=continue_token,
     )
 
 

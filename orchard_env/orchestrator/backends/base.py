@@ -87,6 +87,8 @@ class SandboxSpec:
     # The snapshot this sandbox restores (the orchestrator checked the caller owns it). A
     # backend refuses an image that is a snapshot image of any other snapshot.
     snapshot_id: str | None = None
+    # The harnesses of the tools payload to mount (None: all the service has; (): none).
+    tools: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

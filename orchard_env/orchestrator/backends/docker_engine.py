@@ -1,7 +1,9 @@
 """The local container-engine backend: each sandbox is a container on Docker or Podman.
 
-Talks to the engine through the ``docker`` SDK (sync, run in threads), so it works with
-Docker and with Podman's Docker-compatible API socket. Per sandbox it makes:
+Talks to the engine through the ``docker`` SDK (sync, on the backend's own threads: many
+creations at once, and inspections never queued behind them), so it works with Docker and
+with Podman's Docker-compatible API socket. A create is three round trips (create, start,
+inspect) once the image has been seen here. Per sandbox it makes:
 
 * a container ``orchard-<instance>-<sandbox_id>`` labelled with the instance, the state
   dir's id (:func:`~orchard_env.config.state_id`: only containers carrying this service's
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -40,6 +43,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -75,6 +79,8 @@ from orchard_env.orchestrator.backends.base import (
     not_your_snapshot,
 )
 from orchard_env.protocol import NodeResources, ResourceAmounts, check_sandbox_id
+from orchard_env.tools import TOOLS_BIN, TOOLS_ENV
+from orchard_env.tools.views import payload_harnesses, tool_mounts
 
 LABEL_CREATED_BY = "orchard.created-by"
 LABEL_INSTANCE = "orchard.instance"
@@ -90,12 +96,18 @@ LABEL_SOURCE_SANDBOX = "orchard.source-sandbox"
 SNAPSHOT_REPOSITORY = "localhost/orchard/snapshots"
 """Where every deployment's snapshot images live, one repository per instance below it."""
 WORKDIR_ENV = "ORCHARD_AGENT_WORKDIR"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Spoken by Docker 20.10+ and Podman 4+; pinned because negotiating it (GET /version) costs
 # Podman a third of a second per client.
 API_VERSION = "1.41"
 # Where engines usually listen, in the order they are tried when nothing is configured.
 WELL_KNOWN_SOCKETS = ("/run/podman/podman.sock", "/var/run/docker.sock")
+
+# Engine calls that create, start, remove and commit at once. Podman serialises most of
+# creation (about 9 creates/s here whether 6 or 32 are in flight): more only makes each slower.
+LIFECYCLE_THREADS = 8
+QUERY_THREADS = 8  # inspect and list, apart from those
 
 MAX_SOCKET_PATH = 107  # sockaddr_un.sun_path is 108 bytes with the terminating NUL
 _INSTANCE_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
@@ -207,10 +219,12 @@ class DockerEngineBackend:
         settings: ServiceSettings,
         *,
         bundle_dir: Path,
+        tools_dir: Path | None = None,
         client: docker.DockerClient | None = None,
         pull_stall_timeout: float = 10.0,
     ) -> None:
-        """``pull_stall_timeout``: a pull that reports no progress for this long fails
+        """``tools_dir``: the tools payload sandboxes mount (None: sandboxes get none).
+        ``pull_stall_timeout``: a pull that reports no progress for this long fails
         (a whole pull is capped by the sandbox's ready timeout)."""
         if not _INSTANCE_RE.match(settings.instance):
             raise errors.ConfigError(
@@ -220,26 +234,47 @@ class DockerEngineBackend:
         self._settings = settings
         self._state_id = state_id(settings.state_dir)
         self._bundle_dir = bundle_dir.resolve()
+        self._tools_dir = tools_dir.resolve() if tools_dir is not None else None
+        self._tools = payload_harnesses(self._tools_dir) if self._tools_dir else ()
         self._pull_stall_timeout = pull_stall_timeout
         if client is None:
             self._engine = find_engine(settings.docker_host)
             client = docker.DockerClient(
-                base_url=self._engine, version=API_VERSION, timeout=60, max_pool_size=32
+                base_url=self._engine,
+                version=API_VERSION,
+                timeout=60,
+                max_pool_size=LIFECYCLE_THREADS + QUERY_THREADS,
             )
         else:
             self._engine = str(client.api.base_url)
         self._client = client
+        # Engine calls block: they run on threads of their own, not asyncio's small default
+        # pool (min(32, cores + 4) threads, shared with everything else). Inspect and list
+        # have their own few, so readiness checks and reconciliation never wait behind a
+        # burst of creations.
+        self._lifecycle = ThreadPoolExecutor(LIFECYCLE_THREADS, thread_name_prefix="engine")
+        self._queries = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="engine-query")
+        # Plain images (not snapshots) present and checked when last used: a create of one
+        # skips the lookup. Snapshot images are checked against their snapshot every time.
+        self._images_seen: set[str] = set()
         self._host_memory: int | None = None
         self._disk_refusal: str | None = None
         self._disk_checked = False
 
     # -- helpers --------------------------------------------------------------------------
 
-    async def _call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """Run a blocking engine call in a thread; an engine that does not answer is
+    async def _call(
+        self,
+        pool: ThreadPoolExecutor,
+        fn: Callable[_P, _T],
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> _T:
+        """Run a blocking engine call on ``pool``; an engine that does not answer is
         :class:`~orchard_env.errors.BackendUnavailable` (transient)."""
+        loop = asyncio.get_running_loop()
         try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
+            return await loop.run_in_executor(pool, functools.partial(fn, *args, **kwargs))
         except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
             raise errors.BackendUnavailable(
                 f"the container engine at {self._engine} did not answer: {exc}",
@@ -275,8 +310,7 @@ class DockerEngineBackend:
         except docker.errors.NotFound:
             return None
 
-    def _describe(self, container: Any) -> BackendSandbox | None:
-        attrs: dict[str, Any] = container.attrs
+    def _describe(self, attrs: dict[str, Any]) -> BackendSandbox | None:
         config = attrs.get("Config") or {}
         labels: dict[str, str] = config.get("Labels") or {}
         sandbox_id = labels.get(LABEL_SANDBOX_ID)
@@ -417,6 +451,8 @@ class DockerEngineBackend:
     # -- lifecycle ------------------------------------------------------------------------
 
     def _create(self, spec: SandboxSpec) -> BackendSandbox:
+        """Three engine round trips when the image is known here and the id is new: create,
+        start, inspect."""
         name = self._container_name(spec.sandbox_id)
         run_dir = self._run_dir(spec.sandbox_id)
         if not self._bundle_dir.is_dir():
@@ -442,12 +478,13 @@ class DockerEngineBackend:
                 hint="ask for less memory",
             )
         storage_options = self._storage_options(spec)
-        self._ensure_image(spec.image, spec.snapshot_id, spec.ready_timeout_seconds)
-        if self._get(name) is not None:
-            raise errors.SandboxExists(
-                f"sandbox {spec.sandbox_id!r} already exists",
-                hint="delete it first, or create the new one with another sandbox_id",
-            )
+        plain = spec.snapshot_id is None and not self.is_snapshot_image(spec.image)
+        if not (plain and spec.image in self._images_seen):
+            self._ensure_image(spec.image, spec.snapshot_id, spec.ready_timeout_seconds)
+        # A directory already there may be a live sandbox's (its socket must stay): only then
+        # is it worth asking the engine first; otherwise the create itself refuses a taken name.
+        if run_dir.exists() and self._get(name) is not None:
+            raise self._exists(spec.sandbox_id)
         self._settings.sandboxes_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         made_dir = not run_dir.exists()
         run_dir.mkdir(exist_ok=True)
@@ -455,6 +492,60 @@ class DockerEngineBackend:
         # its socket here. The parent (0700) keeps other host users out.
         run_dir.chmod(0o777)
         (run_dir / SOCKET_NAME).unlink(missing_ok=True)
+        try:
+            try:
+                container_id = self._create_container(spec, name, run_dir, storage_options)
+            except docker.errors.NotFound:  # its image went away since it was last seen here
+                self._images_seen.discard(spec.image)
+                self._ensure_image(spec.image, spec.snapshot_id, spec.ready_timeout_seconds)
+                container_id = self._create_container(spec, name, run_dir, storage_options)
+        except docker.errors.APIError as exc:
+            if _name_in_use(exc):  # a concurrent create of the same id won
+                raise self._exists(spec.sandbox_id) from exc
+            if made_dir:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise errors.OrchardError(
+                f"the engine could not create sandbox {spec.sandbox_id!r}: {_explanation(exc)}"
+            ) from exc
+        except errors.ImageNotFound:
+            if made_dir:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+        if plain:
+            self._images_seen.add(spec.image)
+        try:
+            self._client.api.start(container_id)
+        except docker.errors.APIError as exc:
+            self._delete(spec.sandbox_id)
+            if "is not a directory" in _explanation(exc):
+                raise errors.InvalidRequest(
+                    f"workdir {spec.workdir!r} is not a directory in image {spec.image!r}, so "
+                    f"no sandbox can start there: {_explanation(exc)}",
+                    hint="pick another workdir; a snapshot whose workdir was replaced by a file "
+                    "cannot be restored: make it a directory again and snapshot anew",
+                ) from exc
+            raise errors.OrchardError(
+                f"the engine could not start sandbox {spec.sandbox_id!r}: {_explanation(exc)}"
+            ) from exc
+        described = self._describe(self._client.api.inspect_container(container_id))
+        assert described is not None  # it carries this instance's labels, set above
+        return described
+
+    @staticmethod
+    def _exists(sandbox_id: str) -> errors.SandboxExists:
+        return errors.SandboxExists(
+            f"sandbox {sandbox_id!r} already exists",
+            hint="delete it first, or create the new one with another sandbox_id",
+        )
+
+    def _create_container(
+        self,
+        spec: SandboxSpec,
+        name: str,
+        run_dir: Path,
+        storage_options: dict[str, str] | None,
+    ) -> str:
+        """The container (not started), in one round trip; its id."""
         labels = {
             LABEL_CREATED_BY: "orchard",
             LABEL_INSTANCE: self._settings.instance,
@@ -473,70 +564,80 @@ class DockerEngineBackend:
             docker.types.Mount(RUN_DIR_MOUNT, str(run_dir), type="bind"),
             docker.types.Mount(BUNDLE_MOUNT, str(self._bundle_dir), type="bind", read_only=True),
         ]
-        try:
-            container = self._client.containers.create(
-                spec.image,
-                name=name,
-                hostname=spec.sandbox_id,
-                labels=labels,
-                environment=env,
-                entrypoint=launch_argv(BUNDLE_MOUNT, f"unix:{RUN_DIR_MOUNT}/{SOCKET_NAME}"),
-                command=[],
-                working_dir=spec.workdir,
-                nano_cpus=round(spec.cpu * 1e9),
-                mem_limit=spec.memory_bytes,
-                memswap_limit=spec.memory_bytes,  # equal: no swap
-                pids_limit=spec.pids_limit,
-                storage_opt=storage_options,
-                network_mode="none" if spec.block_network else None,
-                mounts=mounts,
-                # No privilege gained through setuid binaries or file capabilities, and
-                # only the capabilities images need.
-                security_opt=["no-new-privileges"],
-                cap_drop=["ALL"],
-                cap_add=list(SANDBOX_CAPABILITIES),
-                # The engine's tiny init (catatonit, tini) is PID 1 and reaps orphans, so the
-                # agent does not have to stay behind as a second Python process.
-                init=True,
-                detach=True,
+        tools = self._tools_for(spec.tools)
+        if tools and self._tools_dir is not None:
+            env[TOOLS_ENV] = TOOLS_BIN
+            # In the container's own environment too, so a process the agent did not start
+            # (the engine's exec) finds them, as upstream's /usr/local/bin links did.
+            env["PATH"] = f"{self._image_path(spec.image)}:{TOOLS_BIN}"
+            mounts += [
+                docker.types.Mount(target, str(source), type="bind", read_only=True)
+                for target, source in tool_mounts(self._tools_dir, tools)
+            ]
+        api = self._client.api
+        host_config = api.create_host_config(
+            nano_cpus=round(spec.cpu * 1e9),
+            mem_limit=spec.memory_bytes,
+            memswap_limit=spec.memory_bytes,  # equal: no swap
+            pids_limit=spec.pids_limit,
+            storage_opt=storage_options,
+            network_mode="none" if spec.block_network else None,
+            mounts=mounts,
+            # No privilege gained through setuid binaries or file capabilities, and only the
+            # capabilities images need.
+            security_opt=["no-new-privileges"],
+            cap_drop=["ALL"],
+            cap_add=list(SANDBOX_CAPABILITIES),
+            # The engine's tiny init (catatonit, tini) is PID 1 and reaps orphans, so the
+            # agent does not have to stay behind as a second Python process.
+            init=True,
+        )
+        created = api.create_container(
+            spec.image,
+            name=name,
+            hostname=spec.sandbox_id,
+            labels=labels,
+            environment=env,
+            entrypoint=launch_argv(BUNDLE_MOUNT, f"unix:{RUN_DIR_MOUNT}/{SOCKET_NAME}"),
+            command=[],
+            working_dir=spec.workdir,
+            host_config=host_config,
+            detach=True,
+        )
+        return str(created["Id"])
+
+    def _image_path(self, image: str) -> str:
+        """The PATH the image sets (the usual default when it sets none)."""
+        config = self._client.images.get(image).attrs.get("Config") or {}
+        for item in config.get("Env") or []:
+            if item.startswith("PATH="):
+                return str(item[5:])
+        return DEFAULT_PATH
+
+    def _tools_for(self, asked: tuple[str, ...] | None) -> tuple[str, ...]:
+        """The harnesses a sandbox gets: all the payload has unless it asked for fewer."""
+        if asked is None:
+            return self._tools
+        missing = [name for name in asked if name not in self._tools]
+        if missing:
+            raise errors.InvalidRequest(
+                f"tools: this service's tools payload has no {', '.join(missing)} "
+                f"(it has: {', '.join(self._tools) or 'no payload at all'})",
+                hint="ask for those it has, or build a payload with them (the tools setting, "
+                "`orchard images build-local --tools`)",
             )
-        except docker.errors.APIError as exc:
-            if _name_in_use(exc):  # a concurrent create of the same id won
-                raise errors.SandboxExists(f"sandbox {spec.sandbox_id!r} already exists") from exc
-            if made_dir:
-                shutil.rmtree(run_dir, ignore_errors=True)
-            raise errors.OrchardError(
-                f"the engine could not create sandbox {spec.sandbox_id!r}: {_explanation(exc)}"
-            ) from exc
-        try:
-            container.start()
-        except docker.errors.APIError as exc:
-            self._delete(spec.sandbox_id)
-            if "is not a directory" in _explanation(exc):
-                raise errors.InvalidRequest(
-                    f"workdir {spec.workdir!r} is not a directory in image {spec.image!r}, so "
-                    f"no sandbox can start there: {_explanation(exc)}",
-                    hint="pick another workdir; a snapshot whose workdir was replaced by a file "
-                    "cannot be restored: make it a directory again and snapshot anew",
-                ) from exc
-            raise errors.OrchardError(
-                f"the engine could not start sandbox {spec.sandbox_id!r}: {_explanation(exc)}"
-            ) from exc
-        container.reload()
-        described = self._describe(container)
-        assert described is not None  # it carries this instance's labels, set above
-        return described
+        return asked
 
     def _list(self) -> list[BackendSandbox]:
         filters = {
             "label": [f"{LABEL_CREATED_BY}=orchard", f"{LABEL_INSTANCE}={self._settings.instance}"]
         }
         containers = self._client.containers.list(all=True, filters=filters, ignore_removed=True)
-        return [found for c in containers if (found := self._describe(c)) is not None]
+        return [found for c in containers if (found := self._describe(c.attrs)) is not None]
 
     def _inspect(self, sandbox_id: str) -> BackendSandbox | None:
         container = self._get(self._container_name(sandbox_id))
-        return None if container is None else self._describe(container)
+        return None if container is None else self._describe(container.attrs)
 
     def _delete(self, sandbox_id: str) -> None:
         run_dir = self._run_dir(sandbox_id)
@@ -545,7 +646,7 @@ class DockerEngineBackend:
             found = self._get(name)
             # A container of another service's state dir (the same instance name) is never
             # removed. force: the engine kills (SIGKILL) the container before removing it.
-            if found is not None and self._describe(found) is not None:
+            if found is not None and self._describe(found.attrs) is not None:
                 self._client.api.remove_container(name, force=True, v=True)
         except docker.errors.NotFound:
             pass
@@ -623,24 +724,24 @@ class DockerEngineBackend:
     # -- the Backend protocol ---------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> BackendSandbox:
-        return await self._call(self._create, spec)
+        return await self._call(self._lifecycle, self._create, spec)
 
     async def inspect(self, sandbox_id: str) -> BackendSandbox | None:
-        return await self._call(self._inspect, sandbox_id)
+        return await self._call(self._queries, self._inspect, sandbox_id)
 
     async def list(self) -> list[BackendSandbox]:
-        return await self._call(self._list)
+        return await self._call(self._queries, self._list)
 
     async def delete(self, sandbox_id: str) -> None:
-        await self._call(self._delete, sandbox_id)
+        await self._call(self._lifecycle, self._delete, sandbox_id)
 
     async def snapshot(
         self, sandbox_id: str, snapshot_id: str, *, parent: str | None = None
     ) -> SnapshotImage:
-        return await self._call(self._snapshot, sandbox_id, snapshot_id, parent)
+        return await self._call(self._lifecycle, self._snapshot, sandbox_id, snapshot_id, parent)
 
     async def delete_snapshot(self, ref: str) -> bool:
-        return await self._call(self._delete_snapshot, ref)
+        return await self._call(self._lifecycle, self._delete_snapshot, ref)
 
     def _capacity(self) -> Capacity:
         """The engine's machine, as the engine reports it (it may be remote: DOCKER_HOST)."""
@@ -652,7 +753,9 @@ class DockerEngineBackend:
         return Capacity(nodes=[NodeResources(name=name, capacity=amounts, allocatable=amounts)])
 
     async def capacity(self) -> Capacity:
-        return await self._call(self._capacity)
+        return await self._call(self._queries, self._capacity)
 
     async def close(self) -> None:
+        await asyncio.to_thread(self._lifecycle.shutdown, True)
+        await asyncio.to_thread(self._queries.shutdown, True)
         await asyncio.to_thread(self._client.close)

@@ -44,15 +44,11 @@ import asyncio
 import base64
 import contextlib
 import functools
-import hashlib
-import ipaddress
 import json
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
@@ -64,10 +60,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from orchard_env import errors
-from orchard_env.agent.bundle import BUNDLE_MOUNT, launch_argv, launch_env
 from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.backends.base import (
-    SANDBOX_CAPABILITIES,
     AgentEndpoint,
     BackendSandbox,
     Capability,
@@ -77,99 +71,40 @@ from orchard_env.orchestrator.backends.base import (
     SnapshotImage,
     image_repository,
 )
+from orchard_env.orchestrator.backends.kube_objects import (
+    ANNOTATION_RECORD,
+    INIT_CONTAINER,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_SANDBOX_ID,
+    MAIN_CONTAINER,
+    MANAGED_BY,
+    NODE_SELECTOR,
+    TOKEN_KEY,
+    Pod,
+    dependent_names,
+    egress_policy,
+    instance_selector,
+    no_agent_image,
+    pod_dependents,
+    pod_manifest,
+    pod_name,
+    token_secret,
+)
 from orchard_env.orchestrator.backends.kube_resources import node_resources, pod_requests
+from orchard_env.orchestrator.backends.kube_status import PodView, container_statuses, view_pod
+from orchard_env.orchestrator.backends.kube_watch import REQUEST_TIMEOUT, PodCache, read_body
 from orchard_env.protocol import LABEL_VALUE_RE, check_sandbox_id
 from orchard_env.snapshotter.registry import Reference, RegistryClient, load_credentials
 
 log = logging.getLogger(__name__)
 
-# Labels (see /work/notes/k8s-labels.md: the manifests' NetworkPolicies match these).
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_INSTANCE = "orchard.instance"
-LABEL_SANDBOX_ID = "orchard.sandbox-id"
-LABEL_OWNER = "orchard.owner"
-LABEL_NETWORK = "orchard.network"  # "open" on sandboxes with network
-USER_LABEL_PREFIX = "orchard.label/"  # + the user's label key (a DNS-subdomain prefix)
-ANNOTATION_RECORD = "orchard.record"
-ANNOTATION_AGENT_SECRET = "orchard.agent-secret"  # noqa: S105 - the Secret's name, not a secret
-MANAGED_BY = "orchard"
 
-WORKDIR_ENV = "ORCHARD_AGENT_WORKDIR"
-TOKEN_KEY = "token"  # noqa: S105 - the key in the Secret's data
-MAIN_CONTAINER = "sandbox"
-INIT_CONTAINER = "agent-injector"
-BUNDLE_VOLUME = "orchard-agent"
-BUNDLE_VOLUME_SIZE = "512Mi"  # the bundle is about 75 MB
-INIT_MEMORY = 256 * 1024**2  # the copy's memory (capped at the sandbox's own)
-# What a sandbox asks the scheduler for in disk: the limit is settings.ephemeral_storage, but
-# requesting all of it would cap a node at a few sandboxes whatever their CPU and memory.
-EPHEMERAL_STORAGE_REQUEST = 1024**3
-# The agent bundle is built for x86_64 (the agent-injector image); the pods are pinned to
-# amd64 nodes so the loader in the command line always matches the bundle.
-SANDBOX_MACHINE = "x86_64"
-SANDBOX_NODE_ARCH = "amd64"
-NODE_SELECTOR = {"workload": "sandbox", "kubernetes.io/arch": SANDBOX_NODE_ARCH}
-TOLERATIONS = (
-    {"key": "workload", "operator": "Equal", "value": "sandbox", "effect": "NoSchedule"},
-    {
-        "key": "kubernetes.azure.com/scalesetpriority",
-        "operator": "Equal",
-        "value": "spot",
-        "effect": "NoSchedule",
-    },
-)
-DNS_PORTS = ({"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53})
-TERMINATION_GRACE_SECONDS = 10
-
-# Waiting reasons of a container whose image cannot be pulled: the pod would wait forever.
-PULL_FAILURES = frozenset(
-    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
-)
-# Waiting reason of a container that cannot be made as specified (a missing Secret or key).
-# (CreateContainerError is not in it: the runtime's hiccups, which the kubelet retries.)
-CREATE_FAILURES = frozenset({"CreateContainerConfigError"})
-MAX_REASON = 600  # characters of a kubelet message kept in a reason
 SNAPSHOTTER_LABEL = ("app.kubernetes.io/name", "orchard-snapshotter")
 SNAPSHOT_TIMEOUT = 900.0  # seconds: the snapshotter reads, compresses and pushes the layer
-REQUEST_TIMEOUT = (10, 60)  # seconds to connect, and to wait for an answer (not for watches)
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-Pod = dict[str, Any]
-
-
-def pod_name(sandbox_id: str) -> str:
-    return sandbox_id
-
-
-SECRET_PREFIX = "orchard-agent-"  # noqa: S105 - a name prefix
-POLICY_PREFIX = "orchard-egress-"
-
-
-def dependent_names(spec: SandboxSpec) -> tuple[str, str]:
-    """The names of a sandbox's token Secret and egress policy: ``orchard-agent-<id>-<x>`` and
-    ``orchard-egress-<id>-<x>``, ``<x>`` from a hash of its token. Unique per pod, so the
-    kubelet can never read a Secret left over from an earlier pod of the same id (deleted
-    behind the orchestrator's back, its dependents not garbage-collected yet)."""
-    suffix = hashlib.sha256(spec.agent_token.encode()).hexdigest()[:10]
-    return (
-        f"{SECRET_PREFIX}{spec.sandbox_id}-{suffix}",
-        f"{POLICY_PREFIX}{spec.sandbox_id}-{suffix}",
-    )
-
-
-def pod_dependents(pod: Pod) -> tuple[str, str] | None:
-    """The names of the Secret and policy of a pod made by :func:`pod_manifest`."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    secret = str(annotations.get(ANNOTATION_AGENT_SECRET) or "")
-    if not secret.startswith(SECRET_PREFIX):
-        return None
-    return secret, POLICY_PREFIX + secret.removeprefix(SECRET_PREFIX)
-
-
-def instance_selector(instance: str) -> str:
-    """The label selector of every pod an orchestrator instance owns."""
-    return f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_INSTANCE}={instance}"
 
 
 # --- client configuration --------------------------------------------------------------------
@@ -210,295 +145,6 @@ def load_api_client(settings: ServiceSettings, *, pool_size: int = 16) -> Any:
     return kubernetes.client.ApiClient(configuration)
 
 
-# --- manifests -------------------------------------------------------------------------------
-
-
-def _quantity_cpu(cores: float) -> str:
-    return f"{round(cores * 1000)}m"
-
-
-def _owner_reference(pod: Pod) -> dict[str, Any]:
-    """Makes an object a dependent of the sandbox's pod: deleted with it by the garbage
-    collector (no blockOwnerDeletion, which would need update rights on the pod)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "name": pod["metadata"]["name"],
-        "uid": pod["metadata"]["uid"],
-    }
-
-
-def _labels(settings: ServiceSettings, spec: SandboxSpec) -> dict[str, str]:
-    labels = {
-        LABEL_MANAGED_BY: MANAGED_BY,
-        LABEL_INSTANCE: settings.instance,
-        LABEL_SANDBOX_ID: spec.sandbox_id,
-    }
-    if spec.owner is not None and LABEL_VALUE_RE.match(spec.owner):
-        labels[LABEL_OWNER] = spec.owner
-    return labels
-
-
-def pod_manifest(settings: ServiceSettings, spec: SandboxSpec) -> Pod:
-    """The pod of one sandbox (see the module docstring for what each part is for)."""
-    agent_image = settings.agent_image
-    if agent_image is None:
-        raise _no_agent_image()
-    labels = _labels(settings, spec)
-    if not spec.block_network:
-        labels[LABEL_NETWORK] = "open"
-    labels.update({USER_LABEL_PREFIX + key: value for key, value in spec.labels.items()})
-    annotations = {ANNOTATION_AGENT_SECRET: dependent_names(spec)[0]}
-    if spec.record_annotation is not None:
-        annotations[ANNOTATION_RECORD] = spec.record_annotation
-    # spec.env reaches the commands through the agent's enrollment, not the agent.
-    env = {**launch_env(BUNDLE_MOUNT), WORKDIR_ENV: spec.workdir}
-    cpu = _quantity_cpu(spec.cpu)
-    disk = settings.ephemeral_storage if spec.disk_bytes is None else spec.disk_bytes
-    main_resources = {
-        "requests": {
-            "cpu": cpu,
-            "memory": str(spec.memory_bytes),
-            "ephemeral-storage": str(min(EPHEMERAL_STORAGE_REQUEST, disk)),
-        },
-        "limits": {
-            "cpu": cpu,
-            "memory": str(spec.memory_bytes),
-            "ephemeral-storage": str(disk),
-        },
-    }
-    # requests = limits for the init container too (Guaranteed QoS needs every container to),
-    # never above the sandbox's own, so it does not raise what the pod asks the scheduler for.
-    init_limits = {"cpu": cpu, "memory": str(min(INIT_MEMORY, spec.memory_bytes))}
-    bundle_mount = {"name": BUNDLE_VOLUME, "mountPath": BUNDLE_MOUNT}
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-        "nodeSelector": dict(NODE_SELECTOR),
-        "tolerations": [dict(toleration) for toleration in TOLERATIONS],
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-        "initContainers": [
-            {
-                "name": INIT_CONTAINER,
-                "image": agent_image,
-                "imagePullPolicy": "IfNotPresent",
-                "args": [BUNDLE_MOUNT],
-                "volumeMounts": [bundle_mount],
-                "resources": {"requests": init_limits, "limits": dict(init_limits)},
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-                # The injector copies files and needs nothing else (its tar keeps no owners).
-                "securityContext": {
-                    "allowPrivilegeEscalation": False,
-                    "readOnlyRootFilesystem": True,
-                    "runAsNonRoot": True,
-                    "runAsUser": 65534,
-                    "runAsGroup": 65534,
-                    "capabilities": {"drop": ["ALL"]},
-                },
-            }
-        ],
-        "containers": [
-            {
-                "name": MAIN_CONTAINER,
-                "image": spec.image,
-                "command": launch_argv(
-                    BUNDLE_MOUNT, f"tcp:0.0.0.0:{settings.agent_port}", SANDBOX_MACHINE
-                ),
-                "args": [],
-                "workingDir": spec.workdir,
-                "env": [{"name": name, "value": value} for name, value in env.items()],
-                "ports": [{"name": "agent", "containerPort": settings.agent_port}],
-                # Kubernetes' view only; the orchestrator itself checks the agent's /health.
-                "readinessProbe": {"tcpSocket": {"port": settings.agent_port}, "periodSeconds": 5},
-                "resources": main_resources,
-                "volumeMounts": [{**bundle_mount, "readOnly": True}],
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-                "securityContext": {
-                    "allowPrivilegeEscalation": False,  # no-new-privileges
-                    "capabilities": {"drop": ["ALL"], "add": list(SANDBOX_CAPABILITIES)},
-                },
-            }
-        ],
-        "volumes": [{"name": BUNDLE_VOLUME, "emptyDir": {"sizeLimit": BUNDLE_VOLUME_SIZE}}],
-    }
-    if spec.ttl_seconds:
-        # The orchestrator ends the sandbox at its TTL; the deadline (counted from the pod's
-        # start, so never earlier) only acts when it could not, e.g. while it was down.
-        pod_spec["activeDeadlineSeconds"] = spec.ttl_seconds + max(
-            60, 2 * settings.reap_interval_seconds
-        )
-    if settings.runtime_class:
-        pod_spec["runtimeClassName"] = settings.runtime_class
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": pod_name(spec.sandbox_id),
-            "namespace": settings.k8s_namespace,
-            "labels": labels,
-            "annotations": annotations,
-        },
-        "spec": pod_spec,
-    }
-
-
-def token_secret(settings: ServiceSettings, spec: SandboxSpec, pod: Pod) -> dict[str, Any]:
-    """The Secret holding the agent token of the sandbox whose (created) pod is ``pod``."""
-    token = base64.b64encode(spec.agent_token.encode()).decode()
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {
-            "name": dependent_names(spec)[0],
-            "namespace": settings.k8s_namespace,
-            "labels": _labels(settings, spec),
-            "ownerReferences": [_owner_reference(pod)],
-        },
-        "type": "Opaque",
-        "immutable": True,
-        "data": {TOKEN_KEY: token},
-    }
-
-
-def egress_policy(settings: ServiceSettings, spec: SandboxSpec, pod: Pod) -> dict[str, Any]:
-    """The NetworkPolicy that lets a sandbox with network reach the internet (everything but
-    ``settings.egress_except``) and DNS. IPv6 is opened only when ``egress_except`` names an
-    IPv6 range (otherwise nothing would keep the cluster's IPv6 ranges out)."""
-    excepts = [ipaddress.ip_network(cidr) for cidr in settings.egress_except]
-    blocks = []
-    for version, everything in ((4, "0.0.0.0/0"), (6, "::/0")):
-        kept_out = [str(network) for network in excepts if network.version == version]
-        if version == 4 or kept_out:
-            block: dict[str, Any] = {"cidr": everything}
-            if kept_out:
-                block["except"] = kept_out
-            blocks.append({"ipBlock": block})
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {
-            "name": dependent_names(spec)[1],
-            "namespace": settings.k8s_namespace,
-            "labels": _labels(settings, spec),
-            "ownerReferences": [_owner_reference(pod)],
-        },
-        "spec": {
-            "podSelector": {
-                "matchLabels": {
-                    LABEL_INSTANCE: settings.instance,
-                    LABEL_SANDBOX_ID: spec.sandbox_id,
-                }
-            },
-            "policyTypes": ["Egress"],
-            "egress": [
-                {"to": blocks},
-                {
-                    "to": [
-                        {
-                            "namespaceSelector": {
-                                "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
-                            },
-                            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
-                        }
-                    ],
-                    "ports": [dict(port) for port in DNS_PORTS],
-                },
-            ],
-        },
-    }
-
-
-# --- what a pod's status means ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PodView:
-    """A pod's status read as a sandbox state."""
-
-    state: SandboxState
-    reason: str | None = None
-    exit_code: int | None = None
-    # (container name, waiting reason, kubelet message) when an image cannot be pulled.
-    pull_failure: tuple[str, str, str] | None = None
-
-
-def _clip(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
-
-
-def _statuses(status: dict[str, Any], key: str) -> list[dict[str, Any]]:
-    return list(status.get(key) or [])
-
-
-def _terminated_reason(terminated: dict[str, Any], *, with_code: bool = False) -> str:
-    """``OOMKilled``, ``Error: <the container's last output>`` (FallbackToLogsOnError)."""
-    reason = terminated.get("reason") or "Error"
-    if with_code:
-        reason += f" (exit code {terminated.get('exitCode')})"
-    message = terminated.get("message")
-    return _clip(f"{reason}: {message}") if message else reason
-
-
-def view_pod(pod: Pod) -> PodView:
-    """Map a pod to a :class:`~.base.SandboxState`, reasons included."""
-    metadata = pod.get("metadata") or {}
-    status = pod.get("status") or {}
-    phase = status.get("phase") or "Pending"
-    # Set when the kubelet ended the pod itself: DeadlineExceeded, Evicted (with the message).
-    pod_why = _clip(": ".join(str(p) for p in (status.get("reason"), status.get("message")) if p))
-    main = next(
-        (c for c in _statuses(status, "containerStatuses") if c.get("name") == MAIN_CONTAINER),
-        {},
-    )
-    terminated = (main.get("state") or {}).get("terminated")
-    if terminated is not None:
-        reason = _terminated_reason(terminated)
-        return PodView(
-            SandboxState.EXITED,
-            f"{pod_why}; {reason}" if pod_why else reason,
-            int(terminated.get("exitCode", 0)),
-        )
-    if metadata.get("deletionTimestamp"):
-        return PodView(SandboxState.EXITED, "its pod is being deleted")
-    for init in _statuses(status, "initContainerStatuses"):
-        init_terminated = (init.get("state") or {}).get("terminated")
-        if init_terminated is not None and init_terminated.get("exitCode", 0) != 0:
-            why = _terminated_reason(init_terminated, with_code=True)
-            return PodView(SandboxState.FAILED, f"the agent injector failed: {why}")
-    if phase in ("Failed", "Succeeded"):
-        return PodView(SandboxState.FAILED, pod_why or f"its pod's phase is {phase}")
-    for container in (*_statuses(status, "initContainerStatuses"), main):
-        waiting = (container.get("state") or {}).get("waiting") or {}
-        waiting_reason, message = waiting.get("reason"), _clip(waiting.get("message") or "")
-        detail = f"{waiting_reason}: {message}" if message else str(waiting_reason)
-        if waiting_reason in PULL_FAILURES:
-            name = container.get("name", "?")
-            return PodView(
-                SandboxState.FAILED,
-                f"container {name}: {detail}",
-                pull_failure=(name, waiting_reason, message),
-            )
-        if waiting_reason in CREATE_FAILURES:
-            return PodView(SandboxState.FAILED, detail)
-    if phase == "Running" and (main.get("state") or {}).get("running") is not None:
-        return PodView(SandboxState.RUNNING)
-    for condition in status.get("conditions") or []:
-        if (
-            condition.get("type") == "PodScheduled"
-            and condition.get("status") == "False"
-            and condition.get("reason") == "Unschedulable"
-        ):
-            message = condition.get("message") or "no node can run it"
-            return PodView(SandboxState.UNSCHEDULABLE, _clip(message))
-    if phase == "Unknown":
-        # The node stopped reporting: the pod may still run (and its agent answer).
-        return PodView(SandboxState.RUNNING, "its pod's node does not report the pod's state")
-    return PodView(SandboxState.CREATING)
-
-
 def _created_at(pod: Pod) -> datetime:
     stamp = (pod.get("metadata") or {}).get("creationTimestamp")
     if not stamp:
@@ -519,29 +165,6 @@ def _status_message(exc: ApiException) -> str:
     return f"{exc.status} {exc.reason}".strip()
 
 
-def _no_agent_image() -> errors.ConfigError:
-    return errors.ConfigError(
-        "the kubernetes backend needs the agent-injector image, and agent_image is not set",
-        hint="set ORCHARD_AGENT_IMAGE (`orchard images build` and `orchard images push` make "
-        "it; `orchard deploy` sets it for the orchestrator it deploys)",
-    )
-
-
-def _slim(pod: Pod) -> Pod:
-    """A pod as the cache keeps it: without its managedFields (kilobytes each, never read)."""
-    (pod.get("metadata") or {}).pop("managedFields", None)
-    return pod
-
-
-def _body(response: Any) -> Any:
-    """The JSON body of a raw (``_preload_content=False``) response, read to the end and its
-    connection given back to the pool (unread, it would poison the next request on it)."""
-    try:
-        return json.loads(response.data)
-    finally:
-        response.release_conn()
-
-
 def _list_snapshotters(core: Any, namespace: str) -> list[Pod]:
     """The node snapshotter pods (the orchard-snapshotter DaemonSet's)."""
     response = core.list_namespaced_pod(
@@ -550,184 +173,8 @@ def _list_snapshotters(core: Any, namespace: str) -> list[Pod]:
         _preload_content=False,
         _request_timeout=REQUEST_TIMEOUT,
     )
-    items: list[Pod] = _body(response).get("items") or []
+    items: list[Pod] = read_body(response).get("items") or []
     return items
-
-
-class _Expired(Exception):
-    """The watch's resourceVersion is too old (410 Gone): list again."""
-
-
-# --- the watch-fed pod cache -----------------------------------------------------------------
-
-
-class PodCache:
-    """The pods matching one label selector, kept current by a list + watch thread.
-
-    ``notify(name)`` is called from the thread after each change (``None``: everything may have
-    changed, after a relist). :meth:`get` is authoritative only while :attr:`synced`.
-    """
-
-    def __init__(
-        self,
-        core: Any,
-        namespace: str,
-        selector: str,
-        notify: Callable[[str | None], None],
-        *,
-        watch_timeout: int = 300,
-        max_backoff: float = 10.0,
-    ) -> None:
-        self._core = core
-        self._namespace = namespace
-        self._selector = selector
-        self._notify = notify
-        self._watch_timeout = watch_timeout
-        self._max_backoff = max_backoff
-        self._pods: dict[str, Pod] = {}
-        self._deleted: set[str] = set()  # uids we deleted whose DELETED event may still come
-        self._lock = threading.Lock()
-        self._synced = threading.Event()
-        self._stopping = threading.Event()
-        self._response: Any = None
-        self._resource_version: str | None = None  # where the next watch continues from
-        self._thread = threading.Thread(target=self._run, name="orchard-k8s-watch", daemon=True)
-
-    @property
-    def synced(self) -> bool:
-        return self._synced.is_set()
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the thread; an open watch is cut at once (its socket is shut down)."""
-        self._stopping.set()
-        with self._lock:
-            response = self._response
-        if response is not None:
-            with contextlib.suppress(Exception):
-                response.shutdown()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def get(self, name: str) -> Pod | None:
-        with self._lock:
-            return self._pods.get(name)
-
-    def offer(self, pod: Pod) -> None:
-        """A pod this process just created: known before its ADDED event arrives."""
-        name = pod["metadata"]["name"]
-        with self._lock:
-            self._pods.setdefault(name, _slim(pod))
-        self._notify(name)
-
-    def forget(self, pod: Pod) -> None:
-        """A pod this process just deleted: gone before its DELETED event arrives."""
-        name, uid = pod["metadata"]["name"], pod["metadata"].get("uid")
-        with self._lock:
-            current = self._pods.get(name)
-            # Until its DELETED event comes, late events of this pod must not bring it back.
-            if current is not None and current["metadata"].get("uid") == uid:
-                del self._pods[name]
-                self._deleted.add(uid)
-        self._notify(name)
-
-    # -- the thread ---------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        backoff = 0.5
-        while not self._stopping.is_set():
-            try:
-                if self._resource_version is None:
-                    self._relist()
-                self._watch()
-                backoff = 0.5
-            except _Expired:
-                log.info("pod watch expired (410 Gone); listing again")
-                self._resource_version = None
-            except Exception as exc:
-                if self._stopping.is_set():
-                    break
-                self._synced.clear()
-                log.warning(
-                    "pod watch failed; retrying",
-                    extra={"error": f"{type(exc).__name__}: {exc}", "retry_in": backoff},
-                )
-                self._stopping.wait(backoff)
-                backoff = min(backoff * 2, self._max_backoff)
-
-    def _relist(self) -> None:
-        response = self._core.list_namespaced_pod(
-            self._namespace,
-            label_selector=self._selector,
-            _preload_content=False,
-            _request_timeout=REQUEST_TIMEOUT,
-        )
-        listing = _body(response)
-        pods = {item["metadata"]["name"]: _slim(item) for item in listing.get("items") or []}
-        with self._lock:
-            self._pods = pods
-            self._deleted.clear()
-        self._resource_version = str(listing["metadata"]["resourceVersion"])
-        self._synced.set()
-        self._notify(None)
-
-    def _watch(self) -> None:
-        """Follow changes from the last resourceVersion seen until the server ends the watch
-        (its timeout) or the connection drops."""
-        from kubernetes.watch.watch import iter_resp_lines
-
-        try:
-            response = self._core.list_namespaced_pod(
-                self._namespace,
-                label_selector=self._selector,
-                watch=True,
-                resource_version=self._resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=self._watch_timeout,
-                _preload_content=False,
-                _request_timeout=(10, self._watch_timeout + 30),
-            )
-        except ApiException as exc:
-            if exc.status == 410:
-                raise _Expired from exc
-            raise
-        with self._lock:
-            self._response = response
-        try:
-            if self._stopping.is_set():
-                return
-            self._synced.set()
-            for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
-                if line:
-                    self._apply(json.loads(line))
-        finally:
-            with self._lock:
-                self._response = None
-            response.close()
-            response.release_conn()
-
-    def _apply(self, event: dict[str, Any]) -> None:
-        kind, obj = event.get("type"), event.get("object") or {}
-        if kind == "ERROR":
-            if obj.get("code") == 410:
-                raise _Expired
-            raise ApiException(status=obj.get("code"), reason=obj.get("message"))
-        metadata = obj.get("metadata") or {}
-        if kind != "BOOKMARK":
-            name, uid = metadata["name"], metadata.get("uid")
-            with self._lock:
-                if kind == "DELETED":
-                    current = self._pods.get(name)
-                    if current is not None and current["metadata"].get("uid") == uid:
-                        del self._pods[name]
-                    self._deleted.discard(uid)
-                elif uid not in self._deleted:
-                    self._pods[name] = _slim(obj)
-            self._notify(name)
-        if metadata.get("resourceVersion"):
-            self._resource_version = str(metadata["resourceVersion"])
 
 
 # --- the backend ---------------------------------------------------------------------------
@@ -760,7 +207,7 @@ class KubernetesBackend:
                 "with a letter or digit",
             )
         if settings.agent_image is None:
-            raise _no_agent_image()
+            raise no_agent_image()
         self._settings = settings
         if settings.registry is not None and settings.snapshotter_token_file is not None:
             self.capabilities = self.capabilities | {Capability.SNAPSHOT}
@@ -874,7 +321,7 @@ class KubernetesBackend:
             if exc.status == 404:
                 return None
             raise
-        pod: Pod = _body(response)
+        pod: Pod = read_body(response)
         return pod
 
     def _read_token(self, secret: str) -> str | None:
@@ -886,7 +333,7 @@ class KubernetesBackend:
             if exc.status == 404:
                 return None
             raise
-        data = _body(response).get("data") or {}
+        data = read_body(response).get("data") or {}
         if TOKEN_KEY not in data:
             return None
         return base64.b64decode(data[TOKEN_KEY]).decode()
@@ -895,12 +342,12 @@ class KubernetesBackend:
         response = self._core.create_namespaced_pod(
             self._namespace, manifest, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
         )
-        pod: Pod = _body(response)
+        pod: Pod = read_body(response)
         return pod
 
     def _create_dependents(self, spec: SandboxSpec, pod: Pod) -> None:
         """The pod's token Secret and (with network) its egress policy, owned by the pod."""
-        _body(
+        read_body(
             self._core.create_namespaced_secret(
                 self._namespace,
                 token_secret(self._settings, spec, pod),
@@ -909,7 +356,7 @@ class KubernetesBackend:
             )
         )
         if not spec.block_network:
-            _body(
+            read_body(
                 self._networking.create_namespaced_network_policy(
                     self._namespace,
                     egress_policy(self._settings, spec, pod),
@@ -933,7 +380,7 @@ class KubernetesBackend:
                 _preload_content=False,
                 _request_timeout=REQUEST_TIMEOUT,
             )
-            _body(response)
+            read_body(response)
         except ApiException as exc:
             if exc.status in (404, 409):
                 return
@@ -947,7 +394,7 @@ class KubernetesBackend:
         )
         for delete, name in dependents:
             try:
-                _body(
+                read_body(
                     delete(
                         name,
                         self._namespace,
@@ -966,7 +413,7 @@ class KubernetesBackend:
             _preload_content=False,
             _request_timeout=REQUEST_TIMEOUT,
         )
-        items: list[Pod] = _body(response).get("items") or []
+        items: list[Pod] = read_body(response).get("items") or []
         return items
 
     # -- describing ---------------------------------------------------------------------------
@@ -1216,7 +663,7 @@ class KubernetesBackend:
         main = next(
             (
                 c
-                for c in _statuses(pod.get("status") or {}, "containerStatuses")
+                for c in container_statuses(pod.get("status") or {}, "containerStatuses")
                 if c.get("name") == MAIN_CONTAINER
             ),
             {},
@@ -1282,7 +729,7 @@ class KubernetesBackend:
         sandbox namespace with its requests (other instances' too: they use the same nodes)."""
         selector = ",".join(f"{key}={value}" for key, value in NODE_SELECTOR.items())
         try:
-            nodes = _body(
+            nodes = read_body(
                 self._core.list_node(
                     label_selector=selector,
                     _preload_content=False,
@@ -1297,7 +744,7 @@ class KubernetesBackend:
                 hint="`orchard deploy` grants it (ClusterRole orchard-nodes-<namespace>, "
                 "nodes list only); redeploy with this version",
             ) from exc
-        pods = _body(
+        pods = read_body(
             self._core.list_namespaced_pod(
                 self._namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
             )

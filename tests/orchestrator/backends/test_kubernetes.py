@@ -25,12 +25,8 @@ from orchard_env.orchestrator.backends.base import (
     SandboxSpec,
     SandboxState,
 )
-from orchard_env.orchestrator.backends.kubernetes import (
-    ANNOTATION_RECORD,
-    KubernetesBackend,
-    dependent_names,
-    load_api_client,
-)
+from orchard_env.orchestrator.backends.kube_objects import ANNOTATION_RECORD, dependent_names
+from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend, load_api_client
 from tests.orchestrator.backends.conftest import NAMESPACE, Cluster
 from tests.orchestrator.backends.kube_fake import (
     CRASH_IMAGE,
@@ -317,7 +313,7 @@ async def watched(cluster: Cluster, watches: int = 1) -> None:
 async def test_410_gone_on_an_open_watch_lists_again(
     kube: KubernetesBackend, cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, "orchard_env.orchestrator.backends.kubernetes")
+    caplog.set_level(logging.INFO, "orchard_env.orchestrator.backends.kube_watch")
     await kube.create(make_spec())
     await watched(cluster)
     lists = pod_lists(cluster)

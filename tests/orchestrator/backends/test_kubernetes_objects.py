@@ -17,15 +17,14 @@ import manifests
 from orchard_env.agent.bundle import BUNDLE_MOUNT, launch_argv, launch_env
 from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.backends.base import SANDBOX_CAPABILITIES, SandboxSpec, SandboxState
-from orchard_env.orchestrator.backends.kubernetes import (
-    KubernetesBackend,
-    PodView,
+from orchard_env.orchestrator.backends.kube_objects import (
     dependent_names,
     egress_policy,
     pod_manifest,
     token_secret,
-    view_pod,
 )
+from orchard_env.orchestrator.backends.kube_status import PodView, view_pod
+from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend
 from tests.orchestrator.backends.conftest import AGENT_IMAGE, NAMESPACE, Cluster
 from tests.orchestrator.backends.kube_fake import KINDS, TOKEN, fake_cluster
 from tests.orchestrator.backends.test_kubernetes import make_spec

@@ -29,7 +29,7 @@ from orchard_env import errors
 from orchard_env.agent.bundle import BUNDLE_MOUNT
 from orchard_env.agent.client import AgentClient, Exit, Output
 from orchard_env.orchestrator.backends.base import SandboxSpec
-from orchard_env.orchestrator.backends.kubernetes import pod_manifest
+from orchard_env.orchestrator.backends.kube_objects import pod_manifest
 from tests.orchestrator.backends.conftest import sandbox_capability_mask, sandbox_status
 from tests.orchestrator.conftest import make_settings
 

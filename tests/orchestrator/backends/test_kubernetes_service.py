@@ -166,6 +166,55 @@ async def test_a_pod_that_dies_fails_its_sandbox_with_the_reason(
     assert cluster.names("pods") == []
 
 
+async def test_a_warm_pool_on_kubernetes_keeps_scheduled_pods_and_hands_them_out(
+    start: Start, cluster: Cluster, kube_settings: ServiceSettings
+) -> None:
+    orchard, http = await start(kube_settings)
+    made = await http.post("/pools", json={"name": "warm", "image": IMAGE, "size": 2})
+    assert made.status_code == 201, made.text
+
+    async def full() -> bool:
+        info = (await http.get("/pools/warm")).json()
+        return bool(info["ready"] == 2)
+
+    await eventually(full, 20)
+    waiting = set(cluster.names("pods"))
+    assert len(waiting) == 2
+    for name in waiting:  # already scheduled and running: a burst waits on neither
+        pod = cluster.api.get("pods", NAMESPACE, name)
+        assert (
+            pod is not None and pod["spec"].get("nodeName") and pod["status"]["phase"] == "Running"
+        )
+        # No deadline of its own: a claim starts its lifetime again (the reaper ends it).
+        assert "activeDeadlineSeconds" not in pod["spec"]
+    secrets = cluster.names("secrets")  # each its own agent secret
+    assert len(secrets) == 2 and all(any(n in s for s in secrets) for n in waiting)
+
+    created = await http.post("/sandboxes", json={"image": IMAGE, "labels": {"team": "rl"}})
+    claimed = created.json()
+    assert claimed["sandbox_id"] in waiting and claimed["status"] == "ready"
+    assert (await run(http, claimed["sandbox_id"], "echo from the pool"))["stdout"] == (
+        "from the pool\n"
+    )
+    await eventually(full, 20)
+    assert len(cluster.names("pods")) == 3
+
+    # A restart on the same state finds the same pods: nothing re-made, nothing deleted.
+    pods_before = set(cluster.names("pods"))
+    await orchard.pools.close()
+    second, http2 = await start(kube_settings)
+    for _ in range(2):
+        await second.reaper.run_pass()
+    assert set(cluster.names("pods")) == pods_before
+    assert cluster.api.calls("DELETE", "pods") == []
+
+    removed = await http2.delete("/pools/warm")
+    assert removed.status_code == 200
+    assert cluster.names("pods") == [claimed["sandbox_id"]]
+    [secret] = cluster.names("secrets")
+    assert claimed["sandbox_id"] in secret
+
+
 async def test_resources_come_from_the_sandbox_nodes_and_the_namespace_pods(
     start: Start, cluster: Cluster, kube_settings: ServiceSettings
 ) -> None:

@@ -20,11 +20,8 @@ from orchard_env import errors
 from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.backends.base import Capability, SandboxState
 from orchard_env.orchestrator.backends.docker_engine import LABEL_CREATED_BY, LABEL_INSTANCE
-from orchard_env.orchestrator.backends.kubernetes import (
-    SNAPSHOTTER_LABEL,
-    KubernetesBackend,
-    pod_name,
-)
+from orchard_env.orchestrator.backends.kube_objects import pod_name
+from orchard_env.orchestrator.backends.kubernetes import SNAPSHOTTER_LABEL, KubernetesBackend
 from orchard_env.snapshotter.server import SnapshotterServer, SnapshotterSettings
 from tests.orchestrator.backends.conftest import NAMESPACE, Cluster
 from tests.orchestrator.backends.kube_fake import NODE, SNAPSHOTTER_RBAC_FILE, fake_cluster

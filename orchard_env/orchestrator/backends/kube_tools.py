@@ -1,0 +1,69 @@
+"""The tools payload in a sandbox pod (``settings.tools_volume_mode``):
+
+* ``image``: an image volume of ``settings.tools_image`` (``volumes[].image``, Kubernetes
+  >= 1.33 with the ImageVolume feature, containerd >= 2.0), read-only at
+  ``/opt/sandbox-tools`` through ``subPath``: pulled once per node, never copied. A sandbox
+  that asked for some harnesses still sees the whole payload (the mount costs nothing).
+* ``initcontainer``: the tools image's entrypoint copies the payload (or the chosen
+  harnesses) into an emptyDir; the pod's ephemeral-storage request and limit grow by the
+  volume's size so the kubelet does not evict it for the copy.
+* ``off``: none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchard_env.config import ServiceSettings
+from orchard_env.tools import TOOLS_BIN, TOOLS_ENV, TOOLS_MOUNT
+
+TOOLS_VOLUME = "orchard-tools"
+TOOLS_INIT_CONTAINER = "tools-injector"
+TOOLS_SUBPATH = TOOLS_MOUNT.lstrip("/")  # where the tools image holds the payload
+TOOLS_VOLUME_BYTES = 2 * 1024**3  # the emptyDir's sizeLimit: the payload is about 1.4 GB
+
+
+def add_tools(
+    pod_spec: dict[str, Any],
+    settings: ServiceSettings,
+    harnesses: tuple[str, ...] | None,
+    init_template: dict[str, Any],
+) -> None:
+    """Give the pod's main container the tools payload, as the settings say. ``harnesses``:
+    the sandbox's choice (None: all; ``()``: none). ``init_template``: the agent injector,
+    whose resources and security context the tools injector copies."""
+    image = settings.tools_image
+    if image is None or settings.tools_volume_mode == "off" or harnesses == ():
+        return
+    main = pod_spec["containers"][0]
+    main["env"].append({"name": TOOLS_ENV, "value": TOOLS_BIN})
+    if settings.tools_volume_mode == "image":
+        pod_spec["volumes"].append(
+            {"name": TOOLS_VOLUME, "image": {"reference": image, "pullPolicy": "IfNotPresent"}}
+        )
+        main["volumeMounts"].append(
+            {
+                "name": TOOLS_VOLUME,
+                "mountPath": TOOLS_MOUNT,
+                "subPath": TOOLS_SUBPATH,
+                "readOnly": True,
+            }
+        )
+        return
+    pod_spec["volumes"].append(
+        {"name": TOOLS_VOLUME, "emptyDir": {"sizeLimit": str(TOOLS_VOLUME_BYTES)}}
+    )
+    mount = {"name": TOOLS_VOLUME, "mountPath": TOOLS_MOUNT}
+    pod_spec["initContainers"].append(
+        {
+            **init_template,
+            "name": TOOLS_INIT_CONTAINER,
+            "image": image,
+            "args": [TOOLS_MOUNT, *(harnesses or ())],
+            "volumeMounts": [mount],
+        }
+    )
+    main["volumeMounts"].append({**mount, "readOnly": True})
+    for kind in ("requests", "limits"):
+        amounts = main["resources"][kind]
+        amounts["ephemeral-storage"] = str(int(amounts["ephemeral-storage"]) + TOOLS_VOLUME_BYTES)
