@@ -14,6 +14,19 @@ service_cidr=10.96.0.0/16
 api_service_ip=10.96.0.1
 components=(etcd kube-apiserver kube-controller-manager kube-scheduler)
 
+# stop_process NAME: stop the component its pid file names (SIGTERM, then SIGKILL after 5 s).
+stop_process() {
+  pid_alive "$1" || return 0
+  local pid
+  pid=$(cat "$state/run/$1.pid")
+  kill "$pid"
+  for _ in $(seq 50); do
+    [[ -d /proc/$pid ]] || return 0
+    sleep 0.1
+  done
+  kill -9 "$pid" 2>/dev/null || true
+}
+
 # pid_alive NAME: the component's pid file names a live process started from its binary.
 pid_alive() {
   local pid

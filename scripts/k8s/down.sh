@@ -1,22 +1,19 @@
 #!/usr/bin/env bash
 # Stop the local cluster scripts/k8s/up.sh started and remove what it made: its processes
-# (by their pid files), the network namespace and its veth pair, and its state directory
-# (PKI, kubeconfigs, etcd data, logs). Safe to run when nothing is up. `make cluster-down`.
+# (by their pid files; a node's pods first, then its mounts, cgroups and sysctls), the
+# network namespace and its veth pair, and its state directory (PKI, kubeconfigs, etcd
+# data, logs). Safe to run when nothing is up. `make cluster-down`.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/common.sh"
 
+if [[ -d $state/node ]]; then
+  source "$here/node.sh"
+  stop_node
+fi
 for ((i = ${#components[@]} - 1; i >= 0; i--)); do
-  name=${components[$i]}
-  pid_alive "$name" || continue
-  pid=$(cat "$state/run/$name.pid")
-  kill "$pid"
-  for _ in $(seq 50); do
-    [[ -d /proc/$pid ]] || break
-    sleep 0.1
-  done
-  [[ -d /proc/$pid ]] && kill -9 "$pid"
+  stop_process "${components[$i]}"
 done
 
 if [[ -e /run/netns/$netns ]]; then

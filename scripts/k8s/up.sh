@@ -2,8 +2,9 @@
 # Bring up a local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, built from the pinned Go modules by ensure-bins.sh) inside a network
 # namespace of its own with no route off this machine; the host reaches the API server at
-# https://10.200.0.2:6443 over one veth pair. Idempotent: components already running are
-# left alone. Needs root. `make cluster` runs it; scripts/k8s/down.sh undoes all of it.
+# https://10.200.0.2:6443 over one veth pair. With ORCHARD_K8S_NODE=1 also a real node
+# (scripts/k8s/node.sh: containerd, CNI, kubelet). Idempotent: components already running
+# are left alone. Needs root. `make cluster` runs it; scripts/k8s/down.sh undoes all of it.
 #
 # The last line printed is `export KUBECONFIG=<admin kubeconfig>`.
 set -euo pipefail
@@ -42,15 +43,17 @@ ip -n "$netns" link set "$node_if" up
 
 make_pki
 
-# start NAME ARGS...: run the component in the namespace (in its own session), unless running.
-start() {
-  local name=$1
-  shift
+# start_binary NAME PATH ARGS...: run PATH in the namespace (in its own session, logging to
+# log/NAME.log), unless NAME runs already. start NAME ARGS...: the same for a built binary.
+start_binary() {
+  local name=$1 path=$2
+  shift 2
   pid_alive "$name" && return 0
-  setsid nsenter --net="/run/netns/$netns" -- "$bin/$name" "$@" \
+  setsid nsenter --net="/run/netns/$netns" -- "$path" "$@" \
     </dev/null >>"$state/log/$name.log" 2>&1 &
   echo $! >"$state/run/$name.pid"
 }
+start() { start_binary "$1" "$bin/$1" "${@:2}"; }
 
 # wait_for WHAT SECONDS COMMAND...: poll until COMMAND succeeds; on timeout show the logs.
 wait_for() {
@@ -92,7 +95,7 @@ start kube-apiserver --etcd-servers http://127.0.0.1:2379 \
   --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
-  --service-cluster-ip-range "$service_cidr" \
+  --service-cluster-ip-range "$service_cidr" --kubelet-preferred-address-types InternalIP \
   --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
   --allow-privileged=true --watch-cache=false --profiling=false
 wait_for kube-apiserver 120 api /readyz
@@ -116,6 +119,11 @@ start kube-scheduler --kubeconfig "$state/scheduler.kubeconfig" \
 wait_for kube-controller-manager 90 api /api/v1/namespaces/default/serviceaccounts/default
 wait_for kube-scheduler 60 nsenter --net="/run/netns/$netns" -- \
   curl -sfk https://127.0.0.1:10259/healthz
+
+if [[ ${ORCHARD_K8S_NODE:-0} == 1 ]]; then
+  source "$here/node.sh"
+  start_node
+fi
 
 version=$(api /version | sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p')
 echo "up.sh: Kubernetes $version control plane on https://$node_ip:6443 (netns $netns)" >&2

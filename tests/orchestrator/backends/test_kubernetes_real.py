@@ -166,7 +166,9 @@ async def test_an_unschedulable_pod_reports_the_real_schedulers_reason(
     assert found.state == SandboxState.UNSCHEDULABLE
     assert found.agent is None
     assert found.reason is not None
-    assert found.reason.startswith("0/1 nodes are available: 1 Insufficient cpu.")
+    # (With a real node up too, it also says that node's taint is not tolerated.)
+    assert found.reason.startswith("0/")
+    assert "nodes are available: 1 Insufficient cpu" in found.reason
 
 
 async def test_a_restarted_backend_adopts_the_pods_with_their_tokens(
