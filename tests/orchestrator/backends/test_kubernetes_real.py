@@ -192,7 +192,7 @@ async def test_a_restarted_backend_adopts_the_pods_with_their_tokens(
 async def test_the_watch_survives_410_gone_after_an_etcd_compaction(
     real: Real, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, "orchard_env.orchestrator.backends.kubernetes")
+    caplog.set_level(logging.INFO, "orchard_env.orchestrator.backends.kube_watch")
     kube = KubernetesBackend(real.settings(tmp_path / "state"), watch_timeout=1)
     try:
         await kube.create(make_spec())
