@@ -57,6 +57,20 @@ def _emit(result: BenchResult, json_: bool) -> None:
         out.print(result.markdown(), markup=False)
 
 
+@app.command()
+def harness(
+    n: Annotated[int, typer.Option("--n", help="Calls each way (batches of 20).", min=20)] = 400,
+    json_: JsonOpt = False,
+) -> None:
+    """The model gateway's added latency per call (agent relay + gateway, recording) over a
+    direct call to the local fake model, in the same run. Needs no service."""
+    from orchard_env.bench_harness import bench_harness
+
+    with err.status("harness benchmark"):
+        result = bench_harness(n)
+    _emit(result, json_)
+
+
 @app.command("exec")
 def exec_(
     n: Annotated[int, typer.Option("--n", help="Number of timed execs.")] = 200,

@@ -1,4 +1,4 @@
-"""Fixtures of the gateway tests: the scripted fake model (:mod:`tests.gateway.fake_model`)."""
+"""Fixtures of the gateway tests: the scripted fake model (:mod:`orchard_env.fake_model`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.gateway.fake_model import FakeModel, running
+from orchard_env.fake_model import FakeModel, running
 
 
 @pytest.fixture

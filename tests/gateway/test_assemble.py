@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
-from orchard_env import errors
+from orchard_env import errors, fake_model
 from orchard_env.orchestrator.gateway import assemble
 from orchard_env.orchestrator.gateway.calls import redact
 from orchard_env.orchestrator.gateway.endpoints import load_endpoints
-from tests.gateway import fake_model
 
 TOOL_TURN = {"tool_name": "bash", "arguments": {"command": "echo hi > out.txt"}}
 TEXT_TURN = {"text": "all done here"}

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from orchard_env.config import ServiceSettings, service_settings
+from orchard_env.fake_model import FakeModel, running
 from orchard_env.sdk import SandboxClient
-from tests.gateway.fake_model import FakeModel, running
 from tests.servers import Live, live_service
 
 pytestmark = pytest.mark.engine

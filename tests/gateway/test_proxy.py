@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
+from orchard_env.fake_model import FakeModel
 from orchard_env.orchestrator.gateway.endpoints import Endpoint, Endpoints
 from orchard_env.orchestrator.gateway.proxy import MAX_CONNECTIONS, ModelGateway
 from orchard_env.orchestrator.gateway.readback import list_calls
 from orchard_env.orchestrator.records import GatewayRecord
 from orchard_env.orchestrator.store import SQLiteStore
-from tests.gateway.fake_model import FakeModel
 
 SANDBOX = "sb-gw"
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]

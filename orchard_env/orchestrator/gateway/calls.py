@@ -3,6 +3,7 @@ forwards it, redacted, bounded, then stored with the sandbox's records."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import secrets
@@ -58,8 +59,11 @@ class Call:
     response_parts: list[bytes] = field(default_factory=list)
     response_size: int = 0
 
-    @property
+    @functools.cached_property
     def request_json(self) -> Any:
+        """The request body parsed (once; the upstream body may be derived from it)."""
+        if len(self.request_body) > MAX_RECORDED_BYTES:
+            return None  # over the record's bound: kept as its hash and size only
         return _parsed(self.request_body)
 
     def kind(self, body: Any) -> str:

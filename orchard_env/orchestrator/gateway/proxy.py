@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from orchard_env.orchestrator.gateway import wire
 from orchard_env.orchestrator.gateway.assemble import OPENAI_CHAT, api_of
 from orchard_env.orchestrator.gateway.calls import SECRET_HEADERS, Call
 from orchard_env.orchestrator.gateway.endpoints import Endpoint, Endpoints
 from orchard_env.orchestrator.gateway.harness import SOCKET_NAME
+from orchard_env.orchestrator.gateway.upstream import Pool, Response, UpstreamError
 from orchard_env.orchestrator.records import GatewayRecord
 from orchard_env.orchestrator.store import Store
 
@@ -73,12 +72,7 @@ class ModelGateway:
         self._sandboxes: dict[str, _Sandbox] = {}
         self._changed: dict[str, asyncio.Condition] = {}
         self._pending: set[asyncio.Task[None]] = set()
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=10.0),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
-            follow_redirects=False,
-            trust_env=False,
-        )
+        self._upstream = Pool()
 
     # -- sandboxes ------------------------------------------------------------------------
 
@@ -120,7 +114,7 @@ class ModelGateway:
             await self.detach(sandbox_id)
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
-        await self._http.aclose()
+        await self._upstream.close()
 
     # -- followers of a sandbox's records -----------------------------------------------
 
@@ -161,9 +155,8 @@ class ModelGateway:
         try:
             while True:
                 try:
-                    request = await asyncio.wait_for(
-                        wire.read_request(reader, writer), IDLE_SECONDS + wire.HEAD_TIMEOUT
-                    )
+                    async with asyncio.timeout(IDLE_SECONDS + wire.HEAD_TIMEOUT):
+                        request = await wire.read_request(reader, writer)
                 except wire.BadRequest as exc:
                     writer.write(
                         wire.error_bytes(exc.status, exc.message, anthropic=False, close=True)
@@ -257,51 +250,42 @@ class ModelGateway:
         # OpenAI-compatible one ends where /v1 would (https://api.openai.com/v1, .../v4).
         tail = path if anthropic else path.removeprefix("/v1")
         url = endpoint.base_url + tail + (f"?{query}" if query else "")
-        upstream = self._http.build_request(
-            request.method,
-            url,
-            headers=_upstream_headers(request, endpoint),
-            content=_upstream_body(call),
-        )
+        headers = _upstream_headers(request, endpoint)
         try:
-            response = await self._http.send(upstream, stream=True)
-        except httpx.HTTPError as exc:
-            return refuse(
-                502,
-                f"the model endpoint {endpoint.name!r} is unreachable: "
-                f"{type(exc).__name__}: {exc or 'no answer'}",
+            response = await self._upstream.request(
+                request.method, url, headers, _upstream_body(call)
             )
+        except UpstreamError as exc:
+            return refuse(502, f"the model endpoint {endpoint.name!r} is unreachable: {exc}")
         try:
             return await self._relay(call, response, writer)
         finally:
-            await response.aclose()
+            response.close()
 
     @staticmethod
-    async def _relay(call: Call, response: httpx.Response, writer: asyncio.StreamWriter) -> bool:
+    async def _relay(call: Call, response: Response, writer: asyncio.StreamWriter) -> bool:
         call.first_byte()
-        call.status = response.status_code
-        headers = [(k.lower(), v) for k, v in response.headers.multi_items()]
-        call.response_headers = headers
-        length = response.headers.get("content-length")
-        head = wire.status_line(response.status_code)
-        for name, value in headers:
-            if name not in _HOP or (name == "content-length" and length is not None):
+        call.status = response.status
+        call.response_headers = response.headers
+        head = wire.status_line(response.status)
+        for name, value in response.headers:
+            if name not in _HOP or (name == "content-length" and not response.chunked):
                 head += f"{name}: {value}\r\n".encode("latin-1", "replace")
-        chunked = length is None
+        chunked = response.length is None or response.chunked
         if chunked:
             head += b"transfer-encoding: chunked\r\n"
         writer.write(head + b"\r\n")
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in response.body():
                 call.keep(chunk)
                 writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
                 await writer.drain()
-        except httpx.HTTPError as exc:
+        except (UpstreamError, OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
+            if isinstance(exc, ConnectionError) and writer.is_closing():
+                call.error = "the harness closed the connection before the answer ended"
+                raise
             call.error = f"the model endpoint broke off its answer: {type(exc).__name__}: {exc}"
             return False
-        except ConnectionError:
-            call.error = "the harness closed the connection before the answer ended"
-            raise
         if chunked:
             writer.write(b"0\r\n\r\n")
         await writer.drain()
@@ -351,5 +335,5 @@ def _upstream_body(call: Call) -> bytes:
     options = body.get("stream_options")
     if isinstance(options, dict) and "include_usage" in options:
         return call.request_body
-    body["stream_options"] = {**(options or {}), "include_usage": True}
-    return json.dumps(body).encode()
+    asked = {**body, "stream_options": {**(options or {}), "include_usage": True}}
+    return json.dumps(asked).encode()

@@ -15,7 +15,7 @@ MAX_LINE = 16 * 1024
 MAX_HEADERS_BYTES = 64 * 1024
 MAX_HEADERS = 128
 MAX_BODY = 32 * 1024 * 1024
-HEAD_TIMEOUT = 60.0  # seconds for a request's line and headers once its first byte came
+HEAD_TIMEOUT = 60.0  # seconds for a request's headers and body once its first byte came
 BODY_TIMEOUT = 120.0
 _TOKEN = set("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
@@ -64,9 +64,8 @@ async def read_request(
     if not first:
         return None
     try:
-        return await asyncio.wait_for(
-            _read_rest(first, reader, writer), HEAD_TIMEOUT + BODY_TIMEOUT
-        )
+        async with asyncio.timeout(HEAD_TIMEOUT + BODY_TIMEOUT):
+            return await _read_rest(first, reader, writer)
     except TimeoutError:
         raise BadRequest(408, "the request was not sent in time") from None
 
@@ -87,7 +86,7 @@ async def _read_rest(
     headers: list[tuple[str, str]] = []
     size = 0
     while True:
-        line = await asyncio.wait_for(_line(reader, 431, "a header line"), HEAD_TIMEOUT)
+        line = await _line(reader, 431, "a header line")
         size += len(line)
         if not line.endswith(b"\n") or size > MAX_HEADERS_BYTES or len(headers) >= MAX_HEADERS:
             raise BadRequest(431, f"headers over {MAX_HEADERS_BYTES} bytes or {MAX_HEADERS} lines")
@@ -100,7 +99,7 @@ async def _read_rest(
     request = Request(method, target, version, headers)
     if (request.header("expect") or "").lower() == "100-continue":
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    request.body = await asyncio.wait_for(_read_body(request, reader), BODY_TIMEOUT)
+    request.body = await _read_body(request, reader)
     return request
 
 

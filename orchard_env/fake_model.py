@@ -1,8 +1,10 @@
 """A scripted fake model server on loopback: OpenAI Responses, OpenAI Chat Completions and
-Anthropic Messages, streamed (SSE) or not, for tests that run harnesses or the gateway.
+Anthropic Messages, streamed (SSE) or not, for tests that run harnesses or the gateway and
+for ``orchard bench harness``.
 
-Start it from a test with the ``fake_model`` fixture (``tests/gateway/conftest.py``) or by
-hand: ``python -m tests.gateway.fake_model --port 8123 --key sk-real``.
+Start it from a test with the ``fake_model`` fixture of ``tests/gateway/conftest.py``, with
+:func:`running` (on its own thread), or by hand:
+``python -m orchard_env.fake_model --port 8123 --key sk-real`` (it prints its URL).
 
 **Auth.** Every request must carry the server's key (``Authorization: Bearer <key>`` or
 ``x-api-key: <key>``), else 401: the key only the gateway holds, so a call that got through
@@ -30,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -363,7 +366,7 @@ def chat_events(model: str, turn: dict[str, Any], body: dict[str, Any]) -> list[
 
 def messages_events(model: str, turn: dict[str, Any], body: dict[str, Any]) -> list[Any]:
     mid = "msg_" + secrets.token_hex(6)
-    start = {
+    start: dict[str, Any] = {
         "id": mid,
         "type": "message",
         "role": "assistant",
@@ -433,7 +436,7 @@ def _dump(data: Any) -> str:
 
 async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
     if headers.get("transfer-encoding", "").lower() == "chunked":
-        parts = []
+        parts: list[bytes] = []
         while True:
             size = int((await reader.readline()).split(b";")[0], 16)
             data = await reader.readexactly(size + 2)
@@ -482,7 +485,8 @@ def running(**options: Any) -> Iterator[FakeModel]:
 async def _main(port: int, key: str) -> None:
     fake = FakeModel(key=key)
     await fake.start(port)
-    print(f"fake model on {fake.url}, key {fake.key}", flush=True)
+    sys.stdout.write(f"{fake.url}\n")
+    sys.stdout.flush()
     await asyncio.Event().wait()
 
 
