@@ -1,8 +1,8 @@
 """The five real harnesses, each for one complete tool-using turn, in ``--network none``
 sandboxes (engine tier): the tools payload on PATH, the model gateway at 127.0.0.1:4000 and
-the scripted fake model behind it (it asks to run ``echo hi > out.txt``, then answers). Each
-harness runs with no flags about endpoints; the test checks the file it made and the calls
-the gateway recorded for its trajectory."""
+the scripted fake model (:mod:`orchard_env.fake_model`) behind it (it asks to run
+``echo hi > out.txt``, then answers). Each harness runs with no flags about endpoints; the
+test checks the file it made and the calls the gateway recorded for its trajectory."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from orchard_env.config import ServiceSettings, service_settings
+from orchard_env.fake_model import FakeModel, running
 from orchard_env.orchestrator.backends.docker_engine import LABEL_INSTANCE
-from tests.gateway.fake_model import FakeModel, running
 from tests.servers import live_service
 
 pytestmark = pytest.mark.engine
