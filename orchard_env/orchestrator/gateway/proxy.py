@@ -162,6 +162,7 @@ class ModelGateway:
                         wire.error_bytes(exc.status, exc.message, anthropic=False, close=True)
                     )
                     await writer.drain()
+                    await _linger(reader, writer)  # so the answer is read, not reset away
                     break
                 if request is None:
                     break
@@ -337,3 +338,15 @@ def _upstream_body(call: Call) -> bytes:
         return call.request_body
     asked = {**body, "stream_options": {**(options or {}), "include_usage": True}}
     return json.dumps(asked).encode()
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """After an error answer: half-close and swallow what the sender still sends (at most
+    1 MiB for 1 s), as closing with unread data would reset the connection."""
+    if writer.can_write_eof():
+        writer.write_eof()
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(1.0):
+            left = 1024 * 1024
+            while left > 0 and (data := await reader.read(65536)):
+                left -= len(data)
