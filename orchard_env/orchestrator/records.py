@@ -20,6 +20,7 @@ from orchard_env.protocol import (
     KeyInfo,
     KeyQuota,
     ModelGatewayInfo,
+    ModelGatewaySpec,
     PoolInfo,
     SandboxInfo,
     SandboxStatus,
@@ -69,6 +70,26 @@ class GatewayRecord(BaseModel):
             openai=self.openai,
             anthropic=self.anthropic,
             model=self.model,
+            trajectory_id=self.trajectory_id,
+            max_calls=self.max_calls,
+            max_tokens=self.max_tokens,
+        )
+
+    def to_spec(self) -> ModelGatewaySpec:
+        """The ``model_gateway`` of a create that makes the same gateway (a restore's): the
+        same endpoints, models, current trajectory and budget (counted afresh); its own key."""
+        # One model names both endpoints' only when the create named it (else each is its
+        # endpoint's default, which None gives again).
+        both = self.openai is not None and self.anthropic is not None
+        model = (
+            None
+            if both and self.model != self.anthropic_model
+            else self.model or self.anthropic_model
+        )
+        return ModelGatewaySpec(
+            openai=self.openai,
+            anthropic=self.anthropic,
+            model=model,
             trajectory_id=self.trajectory_id,
             max_calls=self.max_calls,
             max_tokens=self.max_tokens,
@@ -268,6 +289,8 @@ class SnapshotRecord(BaseModel):
     workdir: str
     env: dict[str, str] = Field(default_factory=dict)
     sandbox_labels: dict[str, str] = Field(default_factory=dict)
+    tools: list[str] | None = None
+    model_gateway: ModelGatewaySpec | None = None
     created_at: datetime
     ttl_seconds: int = 0  # 0 = kept until deleted
     deleted_at: datetime | None = None

@@ -170,6 +170,8 @@ class SnapshotService:
             workdir=source.workdir,
             env=source.env,
             sandbox_labels=source.labels,
+            tools=source.tools,
+            model_gateway=None if source.model_gateway is None else source.model_gateway.to_spec(),
             created_at=self.clock(),
             ttl_seconds=ttl or self.settings.snapshot_ttl_seconds,
         )
@@ -237,6 +239,8 @@ class SnapshotService:
                 workdir=snapshot.workdir,
                 ttl_seconds=ttl,
                 idle_timeout_seconds=idle,
+                tools=snapshot.tools,
+                model_gateway=snapshot.model_gateway,
             )
             created = await self.sandboxes.create(request, caller, source_snapshot=snapshot_id)
             seconds = ready_timeout or self.settings.ready_timeout_seconds

@@ -121,3 +121,45 @@ def test_a_harness_completes_a_tool_using_turn_through_the_gateway(
     assert len(answered) >= 2, calls
     assert [c["seq"] for c in calls] == list(range(1, len(calls) + 1))
     assert all(model.key not in str(c["request"]) for c in calls)
+
+
+def test_a_fork_at_a_turn_keeps_the_gateway_tools_and_trajectory(
+    http: httpx.Client, sandbox_image: str
+) -> None:
+    """The RL branching step: run a turn, fork, and each fork's harness calls go through its
+    own gateway (same endpoints, the trajectory it was at), with the source's harness choice."""
+    gateway = {"trajectory_id": "episode-1", "max_calls": 50}
+    body = {"image": sandbox_image, "model_gateway": gateway, "tools": ["pi"]}
+    created = http.post("/sandboxes", json=body)
+    assert created.status_code == 201, created.text
+    source = created.json()["sandbox_id"]
+    assert http.get(f"/sandboxes/{source}/wait", params={"timeout": 120}).json()["ready"]
+    first = f"mkdir -p /tmp/ep && cd /tmp/ep && {COMMANDS['pi']}"
+    assert run_ok(http, source, first)["exit_code"] == 0
+
+    forked = http.post(f"/sandboxes/{source}/fork", json={"count": 2})
+    assert forked.status_code == 201, forked.text
+    forks = [info["sandbox_id"] for info in forked.json()["sandboxes"]]
+    assert len(forks) == 2
+    for fork in forks:
+        info = http.get(f"/sandboxes/{fork}").json()
+        assert info["model_gateway"]["trajectory_id"] == "episode-1", info
+        assert info["tools"] == ["pi"], info
+        which = run_ok(http, fork, "command -v pi; command -v codex || echo no-codex")
+        assert which["stdout"].split() == ["/opt/sandbox-tools/bin/pi", "no-codex"], which
+        again = f"cd /tmp/ep && rm out.txt && {COMMANDS['pi']} && cat out.txt"
+        assert run_ok(http, fork, again)["stdout"].endswith("hi\n")
+        calls = http.get(f"/sandboxes/{fork}/model-calls").json()["calls"]
+        assert {c["trajectory_id"] for c in calls} == {"episode-1"}
+        assert [c["seq"] for c in calls] == list(range(1, len(calls) + 1)) and len(calls) >= 2
+
+
+def run_ok(http: httpx.Client, sandbox_id: str, command: str) -> dict[str, object]:
+    ran = http.post(
+        f"/sandboxes/{sandbox_id}/exec",
+        json={"command": command, "wait": True, "timeout_seconds": 240},
+    )
+    assert ran.status_code == 200, ran.text
+    job: dict[str, object] = ran.json()
+    assert job["exit_code"] == 0, job
+    return job
