@@ -117,7 +117,7 @@ async def test_keys_only_see_their_own_sandboxes_and_jobs(service: Service) -> N
         response = await bob.get(path)
         assert response.status_code == 404 and detail(response)["code"] == "job_not_found"
     assert (await bob.post(f"/jobs/{job['job_id']}/cancel")).status_code == 404
-    assert (await bob.get("/sandboxes")).json() == {"sandboxes": []}
+    assert (await bob.get("/sandboxes")).json() == {"sandboxes": [], "continue": None}
 
     mine = (await alice.get("/sandboxes")).json()["sandboxes"]
     assert [s["sandbox_id"] for s in mine] == ["alices"]

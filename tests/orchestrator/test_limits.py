@@ -60,7 +60,7 @@ async def test_create_rejects_out_of_range_fields(
 ) -> None:
     response = await service.http.post("/sandboxes", json={"image": "debian:12", **body})
     assert_invalid(response, *needles)
-    assert (await service.http.get("/sandboxes")).json() == {"sandboxes": []}
+    assert (await service.http.get("/sandboxes")).json() == {"sandboxes": [], "continue": None}
 
 
 async def test_memory_keeps_kubernetes_quantities(service: Service) -> None:

@@ -70,7 +70,7 @@ def test_bad_creates_are_400s_and_listing_survives(http: httpx.Client, busybox_i
         refused(http.post("/sandboxes", json={"image": busybox_image, **body}), needle)
     refused(raw_json(http, "/sandboxes", '{"image": "busybox", "env": {"A": "\\ud800"}}'), "env")
     listed = http.get("/sandboxes")
-    assert listed.status_code == 200 and listed.json() == {"sandboxes": []}
+    assert listed.status_code == 200 and listed.json() == {"sandboxes": [], "continue": None}
     too_big = http.post("/sandboxes", json={"image": busybox_image, "env": {"A": "x" * 2**21}})
     assert too_big.status_code == 413, too_big.text
 

@@ -85,7 +85,7 @@ async def test_unexpected_errors_are_500_with_the_request_id(
     assert logged and logged[0].exc_info is not None
     assert "engine exploded" in str(logged[0].exc_info[1])
     # The failed create left no record behind.
-    assert (await service.http.get("/sandboxes")).json() == {"sandboxes": []}
+    assert (await service.http.get("/sandboxes")).json() == {"sandboxes": [], "continue": None}
 
 
 async def test_transient_errors_are_503_with_retry_after(
