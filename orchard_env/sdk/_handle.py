@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,20 @@ def emit(sink: OutputSink, text: str | None) -> None:
         return
     sink.write(text)
     sink.flush()
+
+
+def route(
+    event: protocol.ExecEvent, stdout: OutputSink | None, stderr: OutputSink | None
+) -> protocol.Job | None:
+    """Write a streamed exec's output event to its sink (default: this process's); the
+    finished job for its ``exit`` event, else None."""
+    if event.event == "stdout":
+        emit(stdout or sys.stdout, event.data)
+    elif event.event == "stderr":
+        emit(stderr or sys.stderr, event.data)
+    elif event.event == "exit":
+        return event.job
+    return None
 
 
 def local_file(path: Path) -> os.stat_result:

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
@@ -32,10 +31,10 @@ from orchard_env.sdk._handle import (
     OutputSink,
     PartFile,
     SandboxBase,
-    emit,
     file_mode,
     keep_beating,
     local_file,
+    route,
     share_docs,
 )
 from orchard_env.sdk.client import Sandbox, SandboxClient
@@ -556,12 +555,7 @@ class AsyncSandbox(SandboxBase):
                 shell=shell,
                 cancel_on_interrupt=False,  # below: an interrupt in a sink counts too
             ):
-                if event.event == "stdout":
-                    emit(stdout or sys.stdout, event.data)
-                elif event.event == "stderr":
-                    emit(stderr or sys.stderr, event.data)
-                elif event.event == "exit":
-                    final = event.job
+                final = route(event, stdout, stderr) or final
         except (KeyboardInterrupt, asyncio.CancelledError):
             if cancel_on_interrupt and final is None:
                 await self._client._cancel_interrupted(job_id)

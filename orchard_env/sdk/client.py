@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import threading
 import time
 import weakref
@@ -32,10 +31,10 @@ from orchard_env.sdk._handle import (
     OutputSink,
     PartFile,
     SandboxBase,
-    emit,
     file_mode,
     keep_beating,
     local_file,
+    route,
 )
 from orchard_env.sdk.results import ExecResult, FileEntry, Health, PatchResult, UploadResult
 
@@ -615,12 +614,7 @@ class Sandbox(SandboxBase):
                 shell=shell,
                 cancel_on_interrupt=False,  # below: an interrupt in a sink counts too
             ):
-                if event.event == "stdout":
-                    emit(stdout or sys.stdout, event.data)
-                elif event.event == "stderr":
-                    emit(stderr or sys.stderr, event.data)
-                elif event.event == "exit":
-                    final = event.job
+                final = route(event, stdout, stderr) or final
         except KeyboardInterrupt:
             if cancel_on_interrupt and final is None:
                 self._client._cancel_interrupted(job_id)
