@@ -174,7 +174,8 @@ def _run(
     except FileNotFoundError:
         raise errors.OrchardError(
             f"{argv[0]} is not installed; it is needed to {what}",
-            hint="scripts/setup-host.sh installs what the build needs (npm, pip, apt-get)",
+            hint="the build needs npm (Node.js 20 with npm 11 was used), pip and apt-get; "
+            "scripts/setup-host.sh does not install npm",
         ) from None
     except subprocess.TimeoutExpired:
         raise errors.OrchardError(f"{what} took over {_TOOL_TIMEOUT} s: {' '.join(argv)}") from None
