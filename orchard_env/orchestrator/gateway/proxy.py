@@ -148,6 +148,9 @@ class ModelGateway:
         if box.connections >= MAX_CONNECTIONS:
             message = f"the sandbox has {MAX_CONNECTIONS} gateway connections open already"
             writer.write(wire.error_bytes(503, message, anthropic=False, close=True))
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+                await _linger(reader, writer)  # closing on an unread request would reset it
             writer.close()
             return
         box.connections += 1
