@@ -192,6 +192,31 @@ def fork(
 
 
 @app.command()
+def scale(
+    levels: Annotated[
+        str, typer.Option("--levels", help="Rising counts of sandboxes to measure at.")
+    ] = "100,1000,10000",
+    running_jobs: Annotated[
+        int, typer.Option("--running-jobs", help="Commands left running at the end.", min=0)
+    ] = 1000,
+    json_: JsonOpt = False,
+) -> None:
+    """The orchestrator's cost as its sandboxes and jobs grow: lists (paged and whole), job
+    lookup, exec, the reaper's pass and memory per sandbox and per running job, on an
+    orchestrator of its own in this process whose sandboxes are real agents without
+    containers (no service or engine is used)."""
+    from orchard_env.bench_scale import bench_scale
+
+    try:
+        counts = [int(part) for part in levels.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"{levels!r}: give counts like 100,1000,10000") from None
+    with err.status("scale benchmark") as status:
+        result = bench_scale(counts, running_jobs=running_jobs, progress=status.update)
+    _emit(result, json_)
+
+
+@app.command()
 def cli(
     n: Annotated[int, typer.Option("--n", help="Runs of each command.", min=1)] = 20,
     json_: JsonOpt = False,

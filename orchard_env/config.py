@@ -491,6 +491,15 @@ def service_settings(*, context: ContextChoice | None = None, **overrides: Any) 
     return ServiceSettings(**values)
 
 
+def default_service_settings(**overrides: Any) -> ServiceSettings:
+    """The table's defaults plus ``overrides``, with no environment or config file read (for
+    tests and benchmarks that run an orchestrator of their own)."""
+    values: dict[str, Any] = {s.key: None for s in SERVICE_SETTINGS}
+    values.update({s.key: s.parse(s.default) for s in SERVICE_SETTINGS if s.default is not None})
+    values.update(overrides)
+    return ServiceSettings(**values)
+
+
 @dataclass(frozen=True)
 class ClientSettings:
     url: str
