@@ -70,6 +70,8 @@ Routes
     (else close 4400), then ``stdin{data}``, ``signal{sig: TERM|KILL|INT|HUP|QUIT}``,
     ``resize{rows, cols}``, ``close``; the agent sends ``ready{pid}``, ``stdout{data}``
     (base64, up to 64 KiB raw per frame), ``exit{code}`` (negative: killed by that signal),
-    ``error{message}`` (a failed spawn closes with 4500). Disconnecting kills the session's
-    process group.
+    ``error{message}`` (a failed spawn closes with 4500). Signals go to the session's process
+    group; ``KILL``, the end of the 5 s grace after ``close`` (which sends ``TERM``) and a
+    disconnect kill its whole tree instead, ``setsid``/``nohup`` descendants included (the
+    command is a child subreaper, as a job's is).
 """

@@ -24,12 +24,12 @@ OOM_SCORE_BOOST = 500  # commands are this much likelier OOM victims than the ag
 
 class Processes:
     """The agent's children: a future per child for its return code, resolved from SIGCHLD
-    (:meth:`reap`), the process groups of PTY sessions, and background tasks."""
+    (:meth:`reap`), the first processes of PTY sessions, and background tasks."""
 
     def __init__(self) -> None:
         self.children: dict[int, tuple[subprocess.Popen[bytes], asyncio.Future[int]]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
-        self.pty_groups: set[int] = set()
+        self.pty_roots: set[int] = set()
         self.child_oom_score_adj = min(1000, read_oom_score_adj() + OOM_SCORE_BOOST)
 
     @functools.cached_property
