@@ -57,7 +57,8 @@ class Exit:
     """The end of a command. ``exit_code`` is None when a signal (``signal``) ended it.
 
     ``timed_out``: the agent killed it at its timeout (distinct from a command exiting 124);
-    ``cancelled``: killed by :meth:`AgentClient.cancel`; ``truncated``: output went over
+    ``cancelled``: killed by :meth:`AgentClient.cancel`; ``oom_killed``: the kernel's OOM killer
+    ended it (the sandbox's memory limit); ``truncated``: output went over
     ``max_output_bytes`` on a stream; ``dropped``: bytes (stdout, stderr) the agent cut out
     between a stream's head and its tail; ``error``: it could not be started (e.g. the binary
     does not exist, with exit code 127).
@@ -71,6 +72,7 @@ class Exit:
     error: str | None
     duration: float
     dropped: tuple[int, int] = (0, 0)
+    oom_killed: bool = False
 
 
 AgentEvent = Output | Exit
@@ -475,6 +477,7 @@ class AgentClient:
                     error=event["error"],
                     duration=float(event["duration"]),
                     dropped=_dropped(event.get("dropped")),
+                    oom_killed=event.get("oom_killed") is True,
                 )
             stream = _STREAMS[event["t"]]
             data = base64.b64decode(event["d"], validate=True)

@@ -31,7 +31,7 @@ from orchard_env.orchestrator.auth import Caller
 from orchard_env.orchestrator.health import AgentHealth
 from orchard_env.orchestrator.records import JobRecord, SandboxRecord
 from orchard_env.orchestrator.revocation import KeySessions
-from orchard_env.orchestrator.sandboxes import SandboxService
+from orchard_env.orchestrator.sandboxes import SandboxService, command_oom_reason
 from orchard_env.orchestrator.store import Store
 from orchard_env.protocol import ExecEvent, ExecRequest, Job, JobStatus, SandboxStatus
 
@@ -425,7 +425,7 @@ class JobService:
                 run.acknowledged = attach
                 final = await self._drive(run, sandbox, attach)
             if final is not None:
-                await self._finish_from_exit(run, final)
+                await self._finish_from_exit(run, final, sandbox.memory_bytes)
         except asyncio.CancelledError:
             raise  # shutdown: the row stays as it is and the next process picks it up
         except Exception as exc:
@@ -537,7 +537,7 @@ class JobService:
             run.add(event.stream, event.data)
         return None
 
-    async def _finish_from_exit(self, run: JobRun, final: Exit) -> None:
+    async def _finish_from_exit(self, run: JobRun, final: Exit, memory_bytes: int) -> None:
         timeout = run.record.request.timeout_seconds
         exit_code = final.exit_code
         if exit_code is None and final.signal is not None:
@@ -550,6 +550,8 @@ class JobService:
             # as the error and as the last line of stderr.
             exit_code = TIMEOUT_EXIT_CODE
             error = error or f"Command timed out after {timeout}s"
+        elif final.oom_killed:
+            error = error or command_oom_reason(memory_bytes)
         elif error is None and final.signal is not None:
             error = f"killed by signal {final.signal}"
         succeeded = final.exit_code == 0 and error is None
@@ -563,6 +565,7 @@ class JobService:
             error=error,
             timed_out=final.timed_out,
             cancelled=final.cancelled,
+            oom_killed=final.oom_killed,
             truncated=final.truncated,
         )
 

@@ -99,6 +99,14 @@ def new_sandbox_id() -> str:
     return "sb-" + secrets.token_hex(6)
 
 
+def command_oom_reason(memory_bytes: int) -> str:
+    """A job's error when the OOM killer ended its command (the sandbox lives on)."""
+    return (
+        "OOMKilled: the command was killed for using more than the sandbox's memory limit of "
+        f"{format_memory(memory_bytes)}; give it more with `memory` at create"
+    )
+
+
 def dead_reason(found: BackendSandbox, memory_bytes: int) -> str:
     """Why a sandbox's container stopped; an out-of-memory kill says so, with the limit."""
     if found.reason is not None and found.reason.startswith("OOMKilled"):

@@ -325,6 +325,10 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX model_calls_sandbox ON model_calls(sandbox_id, id);
     CREATE INDEX model_calls_trajectory ON model_calls(sandbox_id, trajectory_id, seq);
     """,
+    # 8: jobs ended by the OOM killer say so
+    """
+    ALTER TABLE jobs ADD COLUMN oom_killed INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 
 
@@ -347,7 +351,7 @@ def _opt_dt(value: str | None) -> datetime | None:
 
 _JOB_COLUMNS = (
     "job_id, scope, sandbox_id, owner, status, command, request, created_at, started_at, "
-    "completed_at, stdout, stderr, exit_code, timed_out, cancelled, truncated, error"
+    "completed_at, stdout, stderr, exit_code, timed_out, cancelled, truncated, error, oom_killed"
 )
 _JOB_VALUES = "VALUES (" + ", ".join("?" for _ in _JOB_COLUMNS.split(",")) + ")"
 
@@ -371,6 +375,7 @@ def _job_params(r: JobRecord) -> tuple[Any, ...]:
         int(r.cancelled),
         int(r.truncated),
         r.error,
+        int(r.oom_killed),
     )
 
 
@@ -415,6 +420,7 @@ def _job_from_row(row: sqlite3.Row) -> JobRecord:
         cancelled=bool(row["cancelled"]),
         truncated=bool(row["truncated"]),
         error=row["error"],
+        oom_killed=bool(row["oom_killed"]),
     )
 
 

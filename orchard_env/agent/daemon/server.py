@@ -25,7 +25,7 @@ from .http import (
     string_map,
 )
 from .jobs import DEFAULT_MAX_OUTPUT, Job, JobTable
-from .procs import Processes, command_env, initial_environ, signal_group, with_tools_path
+from .procs import Processes, command_env, initial_environ, kill_tree, with_tools_path
 
 AGENT_VERSION = "0.1.0"
 MAX_ENROLL_BODY = 1024 * 1024
@@ -49,8 +49,8 @@ class Agent:
     def shutdown(self) -> None:
         """Kill every running command and PTY session (the agent is stopping)."""
         self.jobs.kill_all()
-        for pgid in self.procs.pty_groups:
-            signal_group(pgid, signal.SIGKILL)
+        for root in self.procs.pty_roots:
+            kill_tree(root)
 
     # HTTP
 

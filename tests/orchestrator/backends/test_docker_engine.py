@@ -220,8 +220,13 @@ async def test_memory_limit_is_enforced(
         hog = "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo kept"
         output, exit_ = await _run(agent, hog)
         assert exit_.signal == 9 or exit_.exit_code == 137, (output, exit_)
+        assert exit_.oom_killed, exit_
         assert "kept" not in output
         await agent.health()  # the agent itself survived
+        # A SIGKILL that is not the OOM killer's is not taken for one (the counter is
+        # compared before and after, not read as "any kill so far").
+        _, killed = await _run(agent, "kill -9 $$")
+        assert (killed.signal, killed.oom_killed) == (9, False)
     assert int(limit) == 64 * MiB
     inspected = await backend.inspect(sandbox.sandbox_id)
     assert inspected is not None and inspected.state is SandboxState.RUNNING
