@@ -69,4 +69,10 @@ Routes
     (base64, up to 64 KiB raw per frame), ``exit{code}`` (negative: killed by that signal),
     ``error{message}`` (a failed spawn closes with 4500). Disconnecting kills the session's
     process group.
+
+    ``POST /model/relay`` (a sandbox whose model calls are relayed over parked connections,
+    see :mod:`orchard_env.agent.daemon.model`) -> ``101`` ``Upgrade: orchard-model-relay``,
+    proven over ``upgrade``; the connection then waits for a harness connection to
+    ``127.0.0.1:4000``, announced by one ``+`` byte, after which it carries that
+    connection's bytes both ways (409 for a sandbox without such a relay).
 """
