@@ -18,6 +18,7 @@ import pytest
 from orchard_env.config import ServiceSettings
 from orchard_env.fake_model import FakeModel, running
 from orchard_env.orchestrator.gateway import harness
+from orchard_env.orchestrator.gateway.parks import PARKED
 from orchard_env.orchestrator.gateway.proxy import MAX_CONNECTIONS
 from orchard_env.orchestrator.services import Orchard
 from tests.orchestrator.backends.conftest import Cluster, Start
@@ -210,3 +211,26 @@ async def test_an_impostor_on_the_agents_port_gets_no_parked_connection_used(
     assert got and all(head.startswith(b"POST /model/relay HTTP/1.1\r\n") for head, _ in got)
     assert all(after == b"" for _, after in got)
     assert info["sandbox_id"] == "victim" and model.requests == []
+
+
+async def test_an_orchestrator_that_lost_its_state_parks_again_at_the_adopted_agents(
+    settings: ServiceSettings, cluster: Cluster, port: int, tmp_path: Path, start: Start
+) -> None:
+    _, http = await start(settings)
+    await create_ready(http, sandbox_id="kept", model_gateway={})
+    lost = cluster.settings(
+        tmp_path / "lost-state", model_endpoints_file=settings.model_endpoints_file
+    )
+    second, http2 = await start(lost)
+    await second.reaper.run_pass()
+    ready = await http2.get("/sandboxes/kept/wait", params={"timeout": 20})
+    assert ready.json()["model_gateway"]["openai"] == "fake"
+
+    async def parked() -> bool:
+        return second.gateway.attached("kept") and _open(second, "kept") == (
+            0,
+            MAX_CONNECTIONS - PARKED,
+        )
+
+    await eventually(parked)
+    assert (await call(port, request()))[0] == 200
