@@ -74,4 +74,10 @@ Routes
     group; ``KILL``, the end of the 5 s grace after ``close`` (which sends ``TERM``) and a
     disconnect kill its whole tree instead, ``setsid``/``nohup`` descendants included (the
     command is a child subreaper, as a job's is).
+
+    ``POST /model/relay`` (a sandbox whose model calls are relayed over parked connections,
+    see :mod:`orchard_env.agent.daemon.model`) -> ``101`` ``Upgrade: orchard-model-relay``,
+    proven over ``upgrade``; the connection then waits for a harness connection to
+    ``127.0.0.1:4000``, announced by one ``+`` byte, after which it carries that
+    connection's bytes both ways (409 for a sandbox without such a relay).
 """

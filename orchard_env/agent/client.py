@@ -23,7 +23,6 @@ import asyncio
 import base64
 import hashlib
 import json
-import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
@@ -223,24 +222,14 @@ class AgentClient:
         return errors.AgentUnavailable(f"agent at {self._where} is unreachable: {exc!r}")
 
     def _tampered(self, message: str) -> errors.AgentTampered:
-        error = errors.AgentTampered(
-            f"agent at {self._where}: {message}",
-            hint="code in the sandbox interfered with its agent; the sandbox is failed",
-        )
+        error = peer.tampered_error(self._where, message)
         if self._on_tampered is not None:
             self._on_tampered(error)
         return error
 
     def _sign(self, method: str, target: str, body: str) -> tuple[str, dict[str, str]]:
         """(nonce, headers) authenticating one request to the agent."""
-        nonce = secrets.token_hex(16)
-        mac = proof.request_mac(self._key, nonce, method, target, body)
-        headers = {
-            proof.NONCE_HEADER: nonce,
-            proof.BODY_HEADER: body,
-            "Authorization": f"{proof.SCHEME} {mac}",
-        }
-        return nonce, headers
+        return proof.sign(self._key, method, target, body)
 
     def _signed(
         self,

@@ -36,6 +36,14 @@ Tampered = Callable[[str], errors.AgentTampered]
 """Makes the error (and reports the sandbox) for what an agent endpoint did wrong."""
 
 
+def tampered_error(where: str, message: str) -> errors.AgentTampered:
+    """The error for what the agent endpoint ``where`` did wrong."""
+    return errors.AgentTampered(
+        f"agent at {where}: {message}",
+        hint="code in the sandbox interfered with its agent; the sandbox is failed",
+    )
+
+
 def stream_bytes_limit(max_output: int) -> int:
     """Raw bytes a job stream may take: both streams' output base64-encoded (4/3) with the
     JSON around each chunk, plus the exit event."""

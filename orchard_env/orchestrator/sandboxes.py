@@ -437,8 +437,7 @@ class SandboxService:
             if caller is not None:
                 await self.store.open_usage(record.usage_row(record.created_at))
             found = await self._create_container(record)
-            if record.model_gateway is not None:
-                await self.gateway.attach(sandbox_id, record.model_gateway)
+            await self._serve_gateway(record.model_copy(update={"agent": found.agent}))
             record = await self._started(record, found)
         finally:
             self._creating.discard(sandbox_id)
@@ -515,11 +514,6 @@ class SandboxService:
     def _gateway_record(self, spec: ModelGatewaySpec | None) -> GatewayRecord | None:
         if spec is None:
             return None
-        if self.backend.name != "docker":
-            raise InvalidRequest(
-                f"model_gateway: not available on the {self.backend.name} backend yet",
-                hint="leave model_gateway out, or use the local engine backend",
-            )
         endpoints = self.gateway.endpoints
         openai = endpoints.pick("openai", spec.openai)
         anthropic = endpoints.pick("anthropic", spec.anthropic)
@@ -539,6 +533,21 @@ class SandboxService:
             max_tokens=spec.max_tokens,
             dummy_key="orchard-" + secrets.token_hex(16),
         )
+
+    async def _serve_gateway(self, record: SandboxRecord) -> None:
+        """Serve a sandbox's model gateway: on its socket from the start where its agent is
+        on a unix socket (the local engine); where its agent is on TCP and cannot dial out
+        (Kubernetes), over connections parked at the agent, once it is enrolled (ready)."""
+        config, agent = record.model_gateway, record.agent
+        if config is None or agent is None:
+            return
+        sandbox_id = record.sandbox_id
+        if agent.uds is not None:
+            await self.gateway.attach(sandbox_id, config)
+        elif record.status == SandboxStatus.READY:
+            await self.gateway.attach_parked(
+                sandbox_id, config, agent, lambda error: self.agents.tampered(sandbox_id, error)
+            )
 
     async def set_trajectory(
         self, sandbox_id: str, caller: Caller, trajectory_id: str
@@ -654,7 +663,7 @@ class SandboxService:
                         last_error = str(exc) or type(exc).__name__
                     else:
                         # An unschedulable reason is over; a note from adoption stays.
-                        await self._transition(
+                        ready = await self._transition(
                             sandbox_id,
                             (SandboxStatus.PENDING, SandboxStatus.UNSCHEDULABLE),
                             status=SandboxStatus.READY,
@@ -662,6 +671,8 @@ class SandboxService:
                             if record.status == SandboxStatus.PENDING
                             else None,
                         )
+                        if ready is not None:
+                            await self._serve_gateway(ready)
                         return
                 if await self._check_container(record):
                     return
@@ -914,9 +925,9 @@ class SandboxService:
             await self.end(record.sandbox_id, SandboxStatus.FAILED, reason)
             return
         if found.agent is not None and found.agent != record.agent:
-            await self._transition(record.sandbox_id, LIVE_STATUSES, agent=found.agent)
-        if record.model_gateway is not None:
-            await self.gateway.attach(record.sandbox_id, record.model_gateway)
+            changed = await self._transition(record.sandbox_id, LIVE_STATUSES, agent=found.agent)
+            record = changed or record
+        await self._serve_gateway(record)
         if record.status != SandboxStatus.READY:
             self._start_readiness(record.sandbox_id, self.settings.ready_timeout_seconds)
 
