@@ -185,7 +185,13 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
         "ImageVolume feature), initcontainer (copied into an emptyDir) or off",
     ),
     Setting("runtime_class", None, str, "runtimeClassName for sandbox pods (gvisor, kata)"),
-    Setting("ephemeral_storage", "10Gi", parse_memory, "ephemeral-storage limit per sandbox pod"),
+    Setting(
+        "ephemeral_storage",
+        "10Gi",
+        parse_memory,
+        "disk limit of a sandbox without one (a pod's ephemeral-storage; locally where the "
+        "engine's storage can enforce it), and the largest disk a sandbox may ask for",
+    ),
     Setting(
         "egress_except",
         "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,100.64.0.0/10,169.254.0.0/16",
