@@ -443,8 +443,9 @@ class DockerEngineBackend:
                 f"disk cannot be limited on this engine: its {refusal} cannot cap a "
                 "container's disk, and Orchard refuses a limit it cannot enforce",
                 hint="leave disk out (sandboxes here are not disk-limited), or give the engine "
-                "storage that can (btrfs, which scripts/setup-host.sh sets up on a fresh "
-                "machine, or overlay on xfs mounted with pquota): see docs/deployment.md",
+                "storage that can (btrfs, which `ORCHARD_QUOTA_STORAGE=yes "
+                "scripts/setup-host.sh` sets up, or overlay on xfs mounted with pquota): see "
+                "docs/deployment.md",
             )
 
     def _storage_options(self, spec: SandboxSpec) -> dict[str, str] | None:
