@@ -116,14 +116,24 @@ def create(
             "--pool", help="Also from a warm pool made for the run, beside cold (admin key)."
         ),
     ] = False,
+    tools: Annotated[
+        bool,
+        typer.Option(
+            "--tools",
+            help="Alternate creates with every harness mounted and with none (tools: false).",
+        ),
+    ] = False,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """Create to first successful exec, image present (with --pool: cold and pooled)."""
+    """Create to first successful exec, image present (with --pool: cold and pooled; with
+    --tools: with and without the harness payload)."""
     with connect(url, api_key, context) as client, err.status("create benchmark") as status:
-        result = bench_create(client, image=image, n=n, pool=pool, progress=status.update)
+        result = bench_create(
+            client, image=image, n=n, pool=pool, tools=tools, progress=status.update
+        )
     _emit(result, json_)
 
 
