@@ -152,31 +152,7 @@ class Response:
                 if read_timeout is not None:
                     deadline.reschedule(loop.time() + read_timeout)
 
-            if self.chunked:
-                while True:
-                    arm()
-                    left = await self._chunk_size()
-                    if not left:
-                        await self._trailers()
-                        break
-                    while left:
-                        arm()
-                        data = await self._piece(left)
-                        left -= len(data)
-                        deadline.reschedule(None)
-                        yield data
-                    arm()
-                    if (end := await self._piece(2, exactly=True)) != b"\r\n":
-                        raise BadAnswer(f"a chunk not ended by CRLF but by {end!r}")
-            elif self.length is not None:
-                left = self.length
-                while left:
-                    arm()
-                    data = await self._piece(left)
-                    left -= len(data)
-                    deadline.reschedule(None)
-                    yield data
-            else:
+            if self.length is None and not self.chunked:
                 while True:
                     arm()
                     data = await self.reader.read(READ_CHUNK)
@@ -184,6 +160,26 @@ class Response:
                     if not data:
                         break  # a body that runs to the connection's end
                     yield data
+            else:
+                left = self.length or 0
+                while True:
+                    if self.chunked:
+                        arm()
+                        left = await self._chunk_size()
+                        if not left:
+                            await self._trailers()
+                            break
+                    while left:
+                        arm()
+                        data = await self._piece(left)
+                        left -= len(data)
+                        deadline.reschedule(None)
+                        yield data
+                    if not self.chunked:
+                        break
+                    arm()
+                    if (end := await self._piece(2, exactly=True)) != b"\r\n":
+                        raise BadAnswer(f"a chunk not ended by CRLF but by {end!r}")
         self.done = True
 
     async def _piece(self, left: int, exactly: bool = False) -> bytes:

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 from urllib.parse import quote, urlencode, urlsplit
@@ -294,10 +295,25 @@ class AgentClient:
         what: str,
         timeout: float,  # noqa: ASYNC109 - for each read
     ) -> bytes:
-        return await peer.read_capped(response.body(timeout), limit, what, self._tampered)
+        """The answer's whole body (at most ``limit`` bytes); the connection is released."""
+        try:
+            return await peer.read_capped(response.body(timeout), limit, what, self._tampered)
+        finally:
+            response.close()
 
     def _bad_http(self, exc: http1.BadAnswer) -> errors.AgentTampered:
         return self._tampered(f"the agent's answer is not HTTP/1.1 as it speaks it: {exc}")
+
+    @contextlib.contextmanager
+    def _link(self) -> Iterator[None]:
+        """An answer that breaks HTTP/1.1 is tampering; a connection that fails, breaks off
+        or times out leaves the agent unavailable."""
+        try:
+            yield
+        except http1.BadAnswer as exc:
+            raise self._bad_http(exc) from None
+        except OSError as exc:
+            raise self._unavailable(exc) from exc
 
     def _json(self, body: bytes) -> Any:
         try:
@@ -332,36 +348,22 @@ class AgentClient:
     ) -> Any:
         """One signed request and its proven JSON answer."""
         timeout = self._timeout if timeout is None else timeout
-        try:
+        with self._link():
             response, nonce = await self._send(
                 method, target, content, http=http, timeout=timeout, read_timeout=timeout
             )
-            try:
-                if response.status != 200:
-                    await self._fail(response, nonce)
-                body = await self._read(response, peer.MAX_JSON_BYTES, "a JSON reply", timeout)
-            finally:
-                response.close()
-        except http1.BadAnswer as exc:
-            raise self._bad_http(exc) from None
-        except OSError as exc:
-            raise self._unavailable(exc) from exc
+            if response.status != 200:
+                await self._fail(response, nonce)
+            body = await self._read(response, peer.MAX_JSON_BYTES, "a JSON reply", timeout)
         self._check_proof(response, nonce, proof.digest(body))
         return self._json(body)
 
     async def _liveness(self, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
         """The agent's unauthenticated ``GET /health`` (it answers before it is enrolled)."""
         head = http1.request_head("GET", "/health", self._host, [], 0)
-        try:
+        with self._link():
             response = await self._http.request("GET", head, timeout=timeout, read_timeout=timeout)
-            try:
-                body = await self._read(response, peer.MAX_ERROR_BYTES, "a health answer", timeout)
-            finally:
-                response.close()
-        except http1.BadAnswer as exc:
-            raise self._bad_http(exc) from None
-        except OSError as exc:
-            raise self._unavailable(exc) from exc
+            body = await self._read(response, peer.MAX_ERROR_BYTES, "a health answer", timeout)
         result = self._json(body)
         if response.status != 200 or not isinstance(result, dict):
             raise self._tampered(f"the agent's health answer is HTTP {response.status}")
@@ -588,22 +590,18 @@ class AgentClient:
     async def open_file(self, path: str) -> FileStream:
         """Start a download: its size is known before any byte is read (FileNotFound if
         missing, InvalidRequest for a directory, raised here rather than mid-stream)."""
-        try:
+        with self._link():
             response, nonce = await self._send("GET", _target("/files", {"path": path}))
-            try:
-                if response.status != 200:
-                    await self._fail(response, nonce)
-                self._check_proof(response, nonce, proof.RAW)
-                if response.length is None or response.chunked:
-                    length = response.header("content-length") or ""
-                    raise self._tampered(f"the agent sent a file without a valid size ({length!r})")
-            except BaseException:
-                response.close()
-                raise
-        except http1.BadAnswer as exc:
-            raise self._bad_http(exc) from None
-        except OSError as exc:
-            raise self._unavailable(exc) from exc
+            if response.status != 200:
+                await self._fail(response, nonce)
+        try:
+            self._check_proof(response, nonce, proof.RAW)
+            if response.length is None or response.chunked:
+                length = response.header("content-length") or ""
+                raise self._tampered(f"the agent sent a file without a valid size ({length!r})")
+        except errors.AgentTampered:
+            response.close()
+            raise
         return FileStream(response, self, response.length)
 
     async def read_file(self, path: str) -> AsyncIterator[bytes]:

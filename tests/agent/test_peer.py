@@ -376,14 +376,18 @@ async def test_a_job_stream_dropped_mid_answer_is_reattached(tmp_path: Path) -> 
 
 
 async def test_an_agent_that_never_answers_times_out(tmp_path: Path) -> None:
+    given_up = asyncio.Event()
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read()  # the request, then nothing until the client gives up
         writer.close()
+        given_up.set()
 
     server = await asyncio.start_unix_server(handle, str(tmp_path / "agent.sock"))
     async with server, AgentClient(token=KEY, uds=str(tmp_path / "agent.sock"), timeout=0.05) as c:
         with pytest.raises(errors.AgentUnavailable) as raised:
             await c.health()
+        await given_up.wait()  # the client closed the connection it gave up on
     assert "TimeoutError" in raised.value.message
 
 
