@@ -259,12 +259,14 @@ class JobService:
 
     async def submit(self, sandbox_id: str, request: ExecRequest, caller: Caller) -> JobRecord:
         """Start a job, or return the existing one for a known ``job_id``."""
-        scope = (await self.sandboxes.get_record(sandbox_id, caller)).owner or ""
+        sandbox = await self.sandboxes.get_record(sandbox_id, caller)
+        scope = sandbox.owner or ""
         if request.job_id is not None:
             existing = await self.store.get_job(scope, request.job_id)
             if existing is not None:
                 return self._existing(existing, sandbox_id, caller, request)
-        sandbox = await self.sandboxes.require_ready(sandbox_id, caller)
+        if sandbox.status != SandboxStatus.READY:  # else no second read: the job's task checks
+            sandbox = await self.sandboxes.require_ready(sandbox_id, caller)
         record = JobRecord(
             job_id=request.job_id or uuid.uuid4().hex,
             sandbox_id=sandbox_id,
