@@ -354,9 +354,11 @@ async def test_a_connection_dropped_mid_answer_is_unavailable_not_tampering(
     assert reports == []
 
 
-async def test_a_job_stream_dropped_mid_answer_is_reattached(tmp_path: Path) -> None:
-    """The first answer breaks off after some output; the re-attach replays the job from the
-    start, and the caller gets each byte once."""
+@pytest.mark.parametrize("sent", [1, 3], ids=["mid-output", "after-the-exit-before-the-proof"])
+async def test_a_job_stream_dropped_mid_answer_is_reattached(tmp_path: Path, sent: int) -> None:
+    """The first answer breaks off (after some output, or after the exit event but before
+    its proof); the re-attach replays the job from the start, and the caller gets each byte
+    once and the exit the proof covers."""
     lines = [output_line(b"hello "), output_line(b"world\n"), EXIT]
     requests: list[bytes] = []
 
@@ -364,7 +366,8 @@ async def test_a_job_stream_dropped_mid_answer_is_reattached(tmp_path: Path) -> 
         requests.append(nonce.encode())
         if len(requests) == 1:
             yield head(nonce, 200, proof.STREAM, b"Transfer-Encoding: chunked")
-            yield b"%x\r\n%s\r\n" % (len(lines[0]), lines[0])
+            for line in lines[:sent]:
+                yield b"%x\r\n%s\r\n" % (len(line), line)
         else:
             yield proven_stream(nonce, lines)
 
