@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from orchard_env import errors
+from orchard_env import errors, http1
 from orchard_env.agent import peer
 from orchard_env.agent.daemon import proof
 from orchard_env.agent.daemon.model import PAIRED, RELAY_PATH, RELAY_PROTOCOL
@@ -39,7 +39,7 @@ async def park(
     except (OSError, TimeoutError) as exc:
         raise errors.AgentUnavailable(f"{where} is unreachable: {exc!r}") from None
     try:
-        await _handshake(reader, writer, key, tampered, where, limit)
+        await _handshake(reader, writer, key, tampered, where)
     except BaseException:
         writer.close()
         raise
@@ -52,56 +52,36 @@ async def _handshake(
     key: bytes,
     tampered: peer.Tampered,
     where: str,
-    limit: int,
 ) -> None:
     nonce, headers = proof.sign(key, "POST", RELAY_PATH, proof.digest(b""))
-    head = [
-        f"POST {RELAY_PATH} HTTP/1.1",
-        "Host: agent",
-        f"Upgrade: {RELAY_PROTOCOL}",
-        "Connection: Upgrade",
-        "Content-Length: 0",
-        *(f"{name}: {value}" for name, value in headers.items()),
-    ]
-    writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+    headers += [("Upgrade", RELAY_PROTOCOL), ("Connection", "Upgrade")]
+    writer.write(http1.request_head("POST", RELAY_PATH, "agent", headers, 0))
     try:
         async with asyncio.timeout(HANDSHAKE_SECONDS):
-            raw = await reader.readuntil(b"\r\n\r\n")
-            status, fields = _parse_head(raw, tampered)
+            answer = await http1.read_head(reader, "POST")
             body = b""
-            if status != 101:
-                length = fields.get("content-length", "0")
-                if not length.isdigit() or int(length) > peer.MAX_ERROR_BYTES:
-                    raise tampered(f"the agent sent an error of {length[:20]!r} bytes")
-                body = await reader.readexactly(int(length))
-    except asyncio.LimitOverrunError:
-        raise tampered(f"the agent sent a response head over {limit} bytes") from None
+            if answer.status != 101:
+                if answer.length is None or answer.length > peer.MAX_ERROR_BYTES:
+                    raise tampered(f"the agent sent an error of {answer.length} bytes")
+                body = await reader.readexactly(answer.length)
+    except http1.BadAnswer as exc:
+        raise tampered(f"the agent's answer to the model relay: {exc}") from None
     except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
         raise errors.AgentUnavailable(f"{where} broke off the model relay: {exc!r}") from None
-    given = fields.get(proof.PROOF_HEADER.lower(), "")
-    kind = proof.UPGRADE if status == 101 else proof.digest(body)
-    if status != 401 and not proof.same(given, proof.response_mac(key, nonce, status, kind)):
+    given = answer.header(proof.PROOF_HEADER.lower()) or ""
+    kind = proof.UPGRADE if answer.status == 101 else proof.digest(body)
+    if answer.status != 401 and not proof.same(
+        given, proof.response_mac(key, nonce, answer.status, kind)
+    ):
         raise tampered(
             "its answer to the model relay carries no valid proof of the sandbox's key: "
             "something other than the sandbox's agent answered"
         )
-    if status != 101:
+    if answer.status != 101:
         raise errors.AgentUnavailable(
-            f"{where} refused the model relay: HTTP {status}: {body[:200].decode(errors='replace')}"
+            f"{where} refused the model relay: HTTP {answer.status}: "
+            f"{body[:200].decode(errors='replace')}"
         )
-
-
-def _parse_head(raw: bytes, tampered: peer.Tampered) -> tuple[int, dict[str, str]]:
-    lines = raw.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-        raise tampered(f"the agent sent a bad status line {lines[0][:100]!r}")
-    fields: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if sep:
-            fields[name.strip().lower()] = value.strip()
-    return int(parts[1]), fields
 
 
 async def paired(reader: asyncio.StreamReader) -> bool:

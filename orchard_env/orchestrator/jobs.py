@@ -259,12 +259,14 @@ class JobService:
 
     async def submit(self, sandbox_id: str, request: ExecRequest, caller: Caller) -> JobRecord:
         """Start a job, or return the existing one for a known ``job_id``."""
-        scope = (await self.sandboxes.get_record(sandbox_id, caller)).owner or ""
+        sandbox = await self.sandboxes.get_record(sandbox_id, caller)
+        scope = sandbox.owner or ""
         if request.job_id is not None:
             existing = await self.store.get_job(scope, request.job_id)
             if existing is not None:
                 return self._existing(existing, sandbox_id, caller, request)
-        sandbox = await self.sandboxes.require_ready(sandbox_id, caller)
+        if sandbox.status != SandboxStatus.READY:  # else no second read: the job's task checks
+            sandbox = await self.sandboxes.require_ready(sandbox_id, caller)
         record = JobRecord(
             job_id=request.job_id or uuid.uuid4().hex,
             sandbox_id=sandbox_id,
@@ -336,25 +338,31 @@ class JobService:
     async def _wait_for(
         self, record: JobRecord, caller: Caller, seconds: float | None
     ) -> JobRecord:
-        """The job once done, or as it is after ``seconds`` (None: no limit)."""
+        """The job once done, or as it is after ``seconds`` (None: no limit). ``record`` is
+        one the caller may see; a job running here is followed in memory, others in the
+        store."""
         loop = asyncio.get_running_loop()
         deadline = None if seconds is None else loop.time() + seconds
         while True:
-            stored = await self.store.get_job(record.scope, record.job_id)
-            if stored is None or not caller.can_see(stored.owner):
-                raise JobNotFound(f"job {record.job_id} does not exist")
-            record = self._current(stored)
+            run = self._run_of(record)
+            if run is not None:
+                record = run.snapshot()
+            else:
+                stored = await self.store.get_job(record.scope, record.job_id)
+                if stored is None or not caller.can_see(stored.owner):
+                    raise JobNotFound(f"job {record.job_id} does not exist")
+                record = stored
             remaining = None if deadline is None else deadline - loop.time()
             if record.status.done or (remaining is not None and remaining <= 0):
                 return record
-            run = self._run_of(record)
             step = 0.25 if run is None else 5.0  # poll the store when no run is in memory
             step = step if remaining is None else min(step, remaining)
             if run is None:
                 await asyncio.sleep(step)
             else:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(run.done.wait(), step)
+                    async with asyncio.timeout(step):
+                        await run.done.wait()
 
     async def wait(self, job_id: str, caller: Caller, seconds: float) -> Job:
         """The job once finished, or as it is when ``seconds`` run out (never an error)."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchard_env import http1
 from orchard_env.orchestrator.backends.base import AgentEndpoint
 from orchard_env.orchestrator.gateway import wire
 from orchard_env.orchestrator.gateway.assemble import OPENAI_CHAT, api_of
@@ -29,7 +30,7 @@ from orchard_env.orchestrator.gateway.calls import SECRET_HEADERS, Call
 from orchard_env.orchestrator.gateway.endpoints import Endpoint, Endpoints
 from orchard_env.orchestrator.gateway.harness import SOCKET_NAME
 from orchard_env.orchestrator.gateway.parks import Parks, Tampered
-from orchard_env.orchestrator.gateway.upstream import Pool, Response, UpstreamError
+from orchard_env.orchestrator.gateway.upstream import READ_TIMEOUT, Pool, UpstreamError
 from orchard_env.orchestrator.records import GatewayRecord
 from orchard_env.orchestrator.store import Store
 
@@ -299,7 +300,7 @@ class ModelGateway:
             response.close()
 
     @staticmethod
-    async def _relay(call: Call, response: Response, writer: asyncio.StreamWriter) -> bool:
+    async def _relay(call: Call, response: http1.Response, writer: asyncio.StreamWriter) -> bool:
         call.first_byte()
         call.status = response.status
         call.response_headers = response.headers
@@ -312,11 +313,11 @@ class ModelGateway:
             head += b"transfer-encoding: chunked\r\n"
         writer.write(head + b"\r\n")
         try:
-            async for chunk in response.body():
+            async for chunk in response.body(READ_TIMEOUT):
                 call.keep(chunk)
                 writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
                 await writer.drain()
-        except (UpstreamError, OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
+        except (http1.BadAnswer, OSError, TimeoutError) as exc:
             if isinstance(exc, ConnectionError) and writer.is_closing():
                 call.error = "the harness closed the connection before the answer ended"
                 raise
