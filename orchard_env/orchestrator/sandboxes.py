@@ -321,31 +321,31 @@ class SandboxService:
         key's own, else the service's per-key defaults). Sandboxes waiting in warm pools count
         toward the service's cap (they run) but toward no key's; ``caller`` None is a pool
         filling itself; a ``claim`` from a pool adds nothing to the service, only to the key."""
-        live = [record for record in await self.store.list_sandboxes(pooled=True) if record.live]
+        owner = None if caller is None or caller.admin else caller.owner  # None: no key limits
+        usage = await self.store.live_usage(owner)
         cap = self.settings.max_sandboxes
-        if not claim and len(live) + count > cap:
+        if not claim and usage.live + count > cap:
             raise QuotaExceeded(
                 f"this service runs at most {cap} live sandboxes (max_sandboxes) and "
-                f"{len(live)} are live; {count} more do not fit",
+                f"{usage.live} are live; {count} more do not fit",
                 hint="delete sandboxes no longer needed, or raise ORCHARD_MAX_SANDBOXES",
             )
-        if caller is None or caller.admin or caller.key_id is None:
+        if caller is None or owner is None:
             return
-        mine = [record for record in live if record.pool is None and record.owner == caller.owner]
         quota = caller.quota
         hint = (
             "delete sandboxes no longer needed, or ask an admin for a key with a larger quota "
             "(`orchard keys create --max-sandboxes/--max-cpu/--max-memory`)"
         )
         most = quota.max_sandboxes or self.settings.key_max_sandboxes
-        if len(mine) + count > most:
+        if usage.owned + count > most:
             raise QuotaExceeded(
                 f"key {caller.key_id} may have at most {most} live sandboxes (max_sandboxes) "
-                f"and has {len(mine)}; {count} more do not fit",
+                f"and has {usage.owned}; {count} more do not fit",
                 hint=hint,
             )
         most_cpu = quota.max_cpu or self.settings.key_max_cpu
-        used_cpu = sum(record.cpu for record in mine)
+        used_cpu = usage.cpu
         if used_cpu + count * cpu > most_cpu + 1e-9:
             raise QuotaExceeded(
                 f"key {caller.key_id} may use at most {most_cpu:g} CPU cores (max_cpu); its "
@@ -355,7 +355,7 @@ class SandboxService:
         most_memory = (
             parse_memory(quota.max_memory) if quota.max_memory else self.settings.key_max_memory
         )
-        used_memory = sum(record.memory_bytes for record in mine)
+        used_memory = usage.memory_bytes
         if used_memory + count * memory > most_memory:
             raise QuotaExceeded(
                 f"key {caller.key_id} may use at most {format_memory(most_memory)} of memory "
