@@ -348,6 +348,11 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE jobs ADD COLUMN oom_killed INTEGER NOT NULL DEFAULT 0;
     """,
+    # 9: sandbox listings in their order (newest first, then id) from an index, so a page
+    # reads its rows and stops, however many sandboxes there are
+    """
+    CREATE INDEX sandboxes_listing ON sandboxes(created_at DESC, id);
+    """,
 )
 
 
@@ -650,7 +655,9 @@ class SQLiteStore:
             clauses.append("status != ?")
             params.append(SandboxStatus.DELETED.value)
         if pooled is False:
-            clauses.append("pool IS NULL")
+            # Unary + keeps SQLite off the pool index (almost every row has no pool), so a
+            # page walks the listing index in order and stops at ``limit``.
+            clauses.append("+pool IS NULL")
         elif pooled is not True:
             clauses.append("pool = ?")
             params.append(pooled)

@@ -194,3 +194,21 @@ async def test_live_usage_counts_what_quotas_count(tmp_path: Path) -> None:
     assert await store.live_usage("a") == LiveUsage(4, 2, 2.5, 2 * 1024**3)
     assert await store.live_usage("c") == LiveUsage(4, 0, 0.0, 0)
     await store.close()
+
+
+async def test_a_page_of_sandboxes_is_read_in_index_order_not_sorted(tmp_path: Path) -> None:
+    """The cost of a page must not grow with the sandboxes held: the plan walks the listing
+    index and stops at the limit, with no sort of every row."""
+    store = SQLiteStore(tmp_path / "orchard.db")
+    await store.open()
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    await store.list_sandboxes(limit=100)
+    await store.list_sandboxes(limit=100, after=(NOW, "sb-1"))
+    store._db.set_trace_callback(None)
+    listings = [s for s in statements if s.startswith("SELECT record FROM sandboxes")]
+    assert len(listings) == 2
+    for statement in listings:
+        plan = " | ".join(row[3] for row in store._db.execute(f"EXPLAIN QUERY PLAN {statement}"))
+        assert "sandboxes_listing" in plan and "TEMP B-TREE" not in plan, plan
+    await store.close()
