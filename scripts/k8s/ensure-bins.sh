@@ -6,7 +6,7 @@
 #   scripts/k8s/ensure-bins.sh [control-plane|all|check]     (default: all)
 #
 # Prints the bin directory on its last line. `check` builds nothing: it prints the directory
-# if the control-plane binaries are cached there and exits 3 if not. The cache key is the Kubernetes version,
+# if all the binaries are cached there and exits 3 if not. The cache key is the Kubernetes version,
 # `go version`, and the sha256 of tools/*/go.mod and go.sum, so a changed pin or Go
 # rebuilds; Go's own GOMODCACHE/GOCACHE make a rebuild after a small change quick.
 # ORCHARD_K8S_CACHE overrides the cache root (default /var/cache/orchard/k8s).
@@ -44,7 +44,7 @@ key=$( (
 root=${ORCHARD_K8S_CACHE:-/var/cache/orchard/k8s}
 bin="$root/$k8s_version-$key/bin"
 wanted=(etcd etcdctl kube-apiserver kube-controller-manager kube-scheduler kubectl)
-[[ $tier == all ]] && wanted+=(kubelet kube-proxy)
+[[ $tier == control-plane ]] || wanted+=(kubelet kube-proxy)
 cached() {
   local name
   for name in "${wanted[@]}"; do [[ -x $bin/$name ]] || return 1; done

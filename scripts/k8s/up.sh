@@ -2,9 +2,10 @@
 # Bring up a local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, built from the pinned Go modules by ensure-bins.sh) inside a network
 # namespace of its own with no route off this machine; the host reaches the API server at
-# https://10.200.0.2:6443 over one veth pair. With ORCHARD_K8S_NODE=1 also a real node
-# (scripts/k8s/node.sh: containerd, CNI, kubelet). Idempotent: components already running
-# are left alone. Needs root. `make cluster` runs it; scripts/k8s/down.sh undoes all of it.
+# https://10.200.0.2:6443 over one veth pair; and a real node (scripts/k8s/node.sh:
+# containerd, CNI, kubelet), unless ORCHARD_K8S_NODE=0. Idempotent: components already
+# running are left alone (so a second run adds the node to a control plane started without
+# it). Needs root. `make cluster` runs it; scripts/k8s/down.sh undoes all of it.
 #
 # The last line printed is `export KUBECONFIG=<admin kubeconfig>`.
 set -euo pipefail
@@ -120,7 +121,7 @@ wait_for kube-controller-manager 90 api /api/v1/namespaces/default/serviceaccoun
 wait_for kube-scheduler 60 nsenter --net="/run/netns/$netns" -- \
   curl -sfk https://127.0.0.1:10259/healthz
 
-if [[ ${ORCHARD_K8S_NODE:-0} == 1 ]]; then
+if [[ ${ORCHARD_K8S_NODE:-1} == 1 ]]; then
   source "$here/node.sh"
   start_node
 fi
