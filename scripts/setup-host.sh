@@ -11,10 +11,10 @@ LOG=/var/log/orchard-podman.log
 # iptables: netavark sets up the bridge network with it; curl: the socket check below;
 # catatonit: the init every sandbox container runs as PID 1; python3: the interpreter the
 # agent bundle is built from; python3-venv: `make install`.
-# openssl, iproute2, util-linux: the local Kubernetes control plane; containerd and
-# containernetworking-plugins: its node (scripts/k8s).
+# openssl, iproute2, util-linux: the local Kubernetes control plane; containerd,
+# containernetworking-plugins and ipset: its node (scripts/k8s).
 PACKAGES=(podman runc catatonit iptables busybox-static debootstrap curl python3 python3-venv
-  openssl iproute2 util-linux containerd containernetworking-plugins)
+  openssl iproute2 util-linux containerd containernetworking-plugins ipset)
 
 say() { printf 'setup-host: %s\n' "$*"; }
 die() { printf 'setup-host: error: %s\n' "$*" >&2; exit 1; }

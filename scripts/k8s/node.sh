@@ -1,6 +1,7 @@
 # The local cluster's real node (sourced by up.sh unless ORCHARD_K8S_NODE=0): Debian's
 # containerd (CRI, runc, cgroupfs) and the CNI bridge plugin, the kubelet built by
-# ensure-bins.sh, in the cluster's network namespace. Pods get 10.244.0.0/24 on bridge cni0
+# ensure-bins.sh and the NetworkPolicy enforcer (netpol.sh), in the cluster's network
+# namespace. Pods get 10.244.0.0/24 on bridge cni0
 # inside that namespace; the host routes that range over the veth pair, so a process on the
 # host (an orchestrator under test) reaches pod addresses. containerd keeps the pods' network
 # namespaces under its state directory, not in /run/netns. The node is labelled
@@ -15,6 +16,8 @@
 # CAP_SYS_RESOURCE: "can't get final child's PID from pipe: EOF"). The kubelet sets
 # vm.overcommit_memory=1, kernel.panic=10 and kernel.panic_on_oops=1; their values before are
 # kept in run/sysctl and down.sh restores them.
+
+source "$here/netpol.sh"
 
 node_name=orchard-node
 runtime_class=orchard-local-node
@@ -110,6 +113,7 @@ scheduling:
   nodeSelector: {kubernetes.io/hostname: $node_name}
   tolerations: [{key: orchard.local/real-node, operator: Exists, effect: NoSchedule}]
 EOF
+  start_netpol
 }
 
 node_ready() {
@@ -131,6 +135,7 @@ stop_node() {
       sleep 0.5
     done
   fi
+  stop_process kube-router
   stop_process kubelet
   if pid_alive containerd; then
     for id in $("${ctr_[@]}" tasks ls -q 2>/dev/null); do

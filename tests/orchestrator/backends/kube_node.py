@@ -14,16 +14,20 @@ import contextlib
 import os
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import docker
 from kubernetes import client as k8s
 
 from images.build import detect_builder
 from manifests.deploy import deploy, undeploy
+from orchard_env.agent.client import AgentClient
 from orchard_env.config import ServiceSettings
+from orchard_env.orchestrator.backends.base import BackendSandbox, SandboxSpec
 from provision.profile import parse_profile
+from tests.agent.conftest import collect
 from tests.images.builds import TEST_REPOSITORY, built_image
 from tests.kube_local import LocalCluster, unique_name
 from tests.orchestrator.backends.kube_real import deployment_node
@@ -33,7 +37,9 @@ NODE = "orchard-node"
 CONTAINERD = "/run/orchard-k8s-containerd/containerd.sock"
 TAINT = "orchard.local/real-node"
 RUNTIME_CLASS = "orchard-local-node"
+MiB = 1024 * 1024
 AGENT_PORT = 9090  # the deploy's agent-ingress policy's port
+HOST = "10.200.0.1"  # this machine's end of the cluster's veth pair (scripts/k8s/common.sh)
 _CTR = ["ctr", "--address", CONTAINERD, "-n", "k8s.io", "images"]
 
 
@@ -54,6 +60,26 @@ def import_image(client: docker.DockerClient, image: str, name: str | None = Non
 def remove_images(*names: str) -> None:
     """Remove these names from the node's containerd (its layers go with the last name)."""
     _ctr("rm", *names)
+
+
+def admit_host(api: k8s.ApiClient, namespace: str) -> None:
+    """Let :data:`HOST` reach the agents in ``namespace``: the tests' orchestrator is this
+    process, on the host, where a deployment's is a pod of the service namespace (which the
+    deploy's orchard-agent-ingress policy admits)."""
+    policy = {
+        "metadata": {"name": "orchard-test-orchestrator-on-host"},
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"ipBlock": {"cidr": f"{HOST}/32"}}],
+                    "ports": [{"port": AGENT_PORT, "protocol": "TCP"}],
+                }
+            ],
+        },
+    }
+    k8s.NetworkingV1Api(api).create_namespaced_network_policy(namespace, policy)
 
 
 @dataclass(frozen=True)
@@ -84,6 +110,7 @@ class OnNode:
     local: LocalCluster
     images: NodeImages
     namespace: str  # the sandboxes'
+    service: str  # the orchestrator's namespace
     kubeconfig: Path  # the orchestrator ServiceAccount's
 
     def settings(self, state_dir: Path) -> ServiceSettings:
@@ -131,6 +158,32 @@ def deployed_on_node(
                 service,
                 "orchard-orchestrator",
             )
-            yield OnNode(local_cluster, images, sandboxes, kubeconfig)
+            with local_cluster.admin() as api:
+                admit_host(api, sandboxes)
+            yield OnNode(local_cluster, images, sandboxes, service, kubeconfig)
         finally:
             undeploy(profile, kubeconfig=local_cluster.kubeconfig, interval=0.2)
+
+
+def make_spec(on_node: OnNode, sandbox_id: str, **changes: Any) -> SandboxSpec:
+    spec = SandboxSpec(
+        sandbox_id=sandbox_id,
+        image=on_node.images.sandbox,
+        cpu=0.5,
+        memory_bytes=256 * MiB,
+        block_network=True,
+        workdir="/workspace",
+        agent_token=f"token-of-{sandbox_id}-{os.getpid()}",
+        ttl_seconds=600,
+    )
+    return replace(spec, **changes)
+
+
+async def run(found: BackendSandbox, command: str) -> str:
+    """``command``'s stdout, run by the sandbox's agent (exit code 0 asserted)."""
+    assert found.agent is not None
+    async with AgentClient(token=found.agent.token, base_url=found.agent.base_url()) as agent:
+        await agent.wait_ready(30)
+        result = await collect(agent.exec("job-" + os.urandom(4).hex(), command))
+    assert result.exit.exit_code == 0, result.stderr
+    return result.stdout.decode()

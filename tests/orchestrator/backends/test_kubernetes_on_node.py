@@ -9,89 +9,26 @@ cgroups; the kubelet reports what it could not do (an image it cannot pull, a de
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
-from pathlib import Path
-from typing import Any
 
-import docker
 import pytest
 from kubernetes import client as k8s
 
 from orchard_env import errors
 from orchard_env.agent.client import AgentClient
-from orchard_env.orchestrator.backends.base import BackendSandbox, SandboxSpec, SandboxState
+from orchard_env.orchestrator.backends.base import SandboxState
 from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend, dependent_names
-from tests.agent.conftest import collect
 from tests.images.builds import TEST_REPOSITORY
-from tests.kube_local import LocalCluster
-from tests.orchestrator.backends.kube_node import (
-    NODE,
-    OnNode,
-    deployed_on_node,
-    node_images,
-)
+from tests.orchestrator.backends.kube_node import NODE, MiB, OnNode, make_spec, run
 from tests.orchestrator.conftest import eventually
 
 pytestmark = [pytest.mark.kube_real, pytest.mark.engine]
-MiB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def on_node(
-    local_cluster: LocalCluster,
-    docker_client: docker.DockerClient,
-    sandbox_image: str,
-    busybox_image: str,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[OnNode]:
-    with (
-        node_images(docker_client, sandbox_image, busybox_image) as images,
-        deployed_on_node(local_cluster, images, tmp_path_factory.mktemp("on-node")) as found,
-    ):
-        yield found
-
-
-@pytest.fixture
-async def kube(on_node: OnNode, tmp_path: Path) -> AsyncIterator[KubernetesBackend]:
-    backend = KubernetesBackend(on_node.settings(tmp_path / "state"))
-    try:
-        yield backend
-    finally:
-        for sandbox in await backend.list():
-            await backend.delete(sandbox.sandbox_id)
-        await backend.close()
-
-
-def make_spec(on_node: OnNode, sandbox_id: str, **changes: Any) -> SandboxSpec:
-    spec = SandboxSpec(
-        sandbox_id=sandbox_id,
-        image=on_node.images.sandbox,
-        cpu=0.5,
-        memory_bytes=256 * MiB,
-        block_network=True,
-        workdir="/workspace",
-        agent_token=f"token-of-{sandbox_id}-{os.getpid()}",
-        ttl_seconds=600,
-    )
-    return replace(spec, **changes)
-
-
-async def run(found: BackendSandbox, command: str) -> str:
-    """``command``'s stdout, run by the sandbox's agent (exit code 0 asserted)."""
-    assert found.agent is not None
-    async with AgentClient(token=found.agent.token, base_url=found.agent.base_url()) as agent:
-        await agent.wait_ready(30)
-        result = await collect(agent.exec("job-" + os.urandom(4).hex(), command))
-    assert result.exit.exit_code == 0, result.stderr
-    return result.stdout.decode()
 
 
 async def test_a_sandbox_runs_on_the_node_and_its_agent_answers_on_the_pod_address(
-    kube: KubernetesBackend, on_node: OnNode
+    node_kube: KubernetesBackend, on_node: OnNode
 ) -> None:
     spec = make_spec(on_node, "sb-run")
-    found = await kube.create(spec)
+    found = await node_kube.create(spec)
     assert found.state == SandboxState.RUNNING, found.reason
     assert found.agent is not None and found.agent.host is not None
     assert found.agent.host.startswith("10.244.0.")
@@ -129,12 +66,12 @@ async def test_a_sandbox_runs_on_the_node_and_its_agent_answers_on_the_pod_addre
 
 
 async def test_delete_stops_the_pod_and_the_garbage_collector_takes_its_secret(
-    kube: KubernetesBackend, on_node: OnNode
+    node_kube: KubernetesBackend, on_node: OnNode
 ) -> None:
-    found = await kube.create(make_spec(on_node, "sb-gone"))
+    found = await node_kube.create(make_spec(on_node, "sb-gone"))
     assert found.state == SandboxState.RUNNING, found.reason
-    await kube.delete("sb-gone")
-    assert await kube.inspect("sb-gone") is None
+    await node_kube.delete("sb-gone")
+    assert await node_kube.inspect("sb-gone") is None
 
     async def all_gone() -> bool:
         with on_node.local.admin() as api:
@@ -147,20 +84,20 @@ async def test_delete_stops_the_pod_and_the_garbage_collector_takes_its_secret(
 
 
 async def test_an_absent_image_fails_the_create_with_the_kubelets_reason(
-    kube: KubernetesBackend, on_node: OnNode
+    node_kube: KubernetesBackend, on_node: OnNode
 ) -> None:
     absent = f"{TEST_REPOSITORY}/absent:{os.getpid()}"
     with pytest.raises(errors.ImageNotFound) as raised:
-        await kube.create(make_spec(on_node, "sb-absent", image=absent))
+        await node_kube.create(make_spec(on_node, "sb-absent", image=absent))
     message = raised.value.message
     assert message.startswith(f"image {absent!r} cannot be pulled on node {NODE}: ErrImagePull: ")
     assert "failed to resolve reference" in message
 
 
 async def test_the_kubelet_ends_a_sandbox_past_its_active_deadline(
-    kube: KubernetesBackend, on_node: OnNode
+    node_kube: KubernetesBackend, on_node: OnNode
 ) -> None:
-    found = await kube.create(make_spec(on_node, "sb-late"))
+    found = await node_kube.create(make_spec(on_node, "sb-late"))
     assert found.state == SandboxState.RUNNING, found.reason
     # The deadline may be lowered on a running pod: the kubelet enforces it at once.
     with on_node.local.admin() as api:
@@ -169,11 +106,11 @@ async def test_the_kubelet_ends_a_sandbox_past_its_active_deadline(
         )
 
     async def ended() -> bool:
-        sandbox = await kube.inspect("sb-late")
+        sandbox = await node_kube.inspect("sb-late")
         return sandbox is not None and sandbox.state is not SandboxState.RUNNING
 
     await eventually(ended, 60)
-    sandbox = await kube.inspect("sb-late")
+    sandbox = await node_kube.inspect("sb-late")
     assert sandbox is not None
     assert sandbox.reason is not None
     assert sandbox.reason.startswith("DeadlineExceeded: Pod was active on the node longer than")
