@@ -112,7 +112,7 @@ def spec(busybox_image: str) -> Callable[..., SandboxSpec]:
 # --- the local cluster's real node (kube_real tier) ----------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def on_node(
     local_cluster: LocalCluster,
     docker_client: docker.DockerClient,
