@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts" / "k8s"
 STATE = Path(os.environ.get("ORCHARD_K8S_STATE", "/var/lib/orchard/k8s"))
 NETNS = os.environ.get("ORCHARD_K8S_NETNS", "orchard-k8s")
+INTERNET_NETNS = f"{NETNS}-internet"  # the cluster's stand-in for the internet
 LOCKS = STATE.parent / "k8s-locks"
 STARTED_BY_TESTS = "started-by-tests"
 
@@ -136,6 +137,8 @@ def _running(name: str) -> bool:
 
 def _ready(kubeconfig: Path) -> bool:
     if not kubeconfig.exists() or not all(_running(name) for name in COMPONENTS):
+        return False
+    if not (Path("/run/netns") / INTERNET_NETNS).exists():
         return False
     try:
         config = yaml.safe_load(kubeconfig.read_text())

@@ -21,7 +21,6 @@ source "$here/netpol.sh"
 
 node_name=orchard-node
 runtime_class=orchard-local-node
-pod_cidr=10.244.0.0/24
 containerd_run=/run/orchard-k8s-containerd
 
 start_node() {

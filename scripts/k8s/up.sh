@@ -42,6 +42,21 @@ fi
 ip link set "$host_if" up
 ip -n "$netns" link set "$node_if" up
 
+# --- a stand-in for the internet: a namespace reachable only from the cluster's -------------
+# ($internet_ip, a documentation range), where tests listen to see what egress pods get.
+if [[ ! -e /run/netns/$internet_netns ]]; then
+  ip netns add "$internet_netns"
+fi
+ip -n "$internet_netns" link set lo up
+if ! ip -n "$netns" link show "$inet_if" >/dev/null 2>&1; then
+  ip -n "$netns" link add "$inet_if" type veth peer name "$world_if" netns "$internet_netns"
+  ip -n "$netns" addr add "$inet_gw/24" dev "$inet_if"
+  ip -n "$internet_netns" addr add "$internet_ip/24" dev "$world_if"
+fi
+ip -n "$netns" link set "$inet_if" up
+ip -n "$internet_netns" link set "$world_if" up
+ip -n "$internet_netns" route replace "$pod_cidr" via "$inet_gw"
+
 make_pki
 
 # start_binary NAME PATH ARGS...: run PATH in the namespace (in its own session, logging to

@@ -1,7 +1,8 @@
 """NetworkPolicy enforced on the local cluster's real node by kube-router (firewall mode,
 scripts/k8s/netpol.sh), with the policies `orchard deploy` and the backend make (kube_real
-tier): the orchestrator's pods reach the agents, nothing else in the cluster does, and a
-sandbox reaches neither another sandbox nor anything outside the cluster.
+tier): the orchestrator's pods reach the agents, nothing else in the cluster does, a
+sandbox reaches neither another sandbox nor the host, and only a sandbox with network
+reaches the internet (the cluster's stand-in for it, a network namespace of its own).
 
 Every "blocked" has a real listener behind it that another pod does reach, so blocked is
 not "no route". Probes are busybox pods on the node, or commands the sandboxes' agents run,
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +25,7 @@ import pytest
 from kubernetes import client as k8s
 
 from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend
-from tests.kube_local import unique_name
+from tests.kube_local import INTERNET_NETNS, unique_name
 from tests.orchestrator.backends.kube_node import (
     AGENT_PORT,
     HOST,
@@ -33,6 +36,7 @@ from tests.orchestrator.backends.kube_node import (
 )
 
 pytestmark = [pytest.mark.kube_real, pytest.mark.engine]
+INTERNET = "198.51.100.10"  # scripts/k8s/common.sh
 ORCHESTRATOR_LABELS = {"app.kubernetes.io/name": "orchard-orchestrator"}
 # Restricted Pod Security (the orchestrator's namespace enforces it).
 RESTRICTED = {
@@ -66,6 +70,29 @@ def host_server() -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+_ACCEPTOR = """
+import socket, sys
+server = socket.create_server((sys.argv[1], 0))
+print(server.getsockname()[1], flush=True)
+while True:
+    server.accept()[0].close()
+"""
+
+
+@pytest.fixture(scope="module")
+def internet_server() -> Iterator[str]:
+    """A TCP server at the cluster's stand-in for the internet (its own network namespace,
+    routed only from the cluster's)."""
+    netns = f"--net=/run/netns/{INTERNET_NETNS}"
+    command = ["nsenter", netns, "--", sys.executable, "-c", _ACCEPTOR, INTERNET]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as server:
+        try:
+            assert server.stdout is not None
+            yield f"{INTERNET} {server.stdout.readline().strip()}"
+        finally:
+            server.kill()
 
 
 def connect(target: str) -> str:
@@ -153,3 +180,13 @@ async def test_a_sandbox_reaches_neither_another_sandbox_nor_outside_the_cluster
     assert probe(on_node, host_server, tries=20) == "reached"
     assert await run(closed, connect(host_server)) == "blocked\n"
     assert await run(opened, connect(host_server)) == "blocked\n"
+
+
+async def test_a_sandbox_with_network_reaches_the_internet_and_one_without_does_not(
+    node_kube: KubernetesBackend, on_node: OnNode, internet_server: str
+) -> None:
+    opened = await node_kube.create(make_spec(on_node, "sb-online", block_network=False))
+    closed = await node_kube.create(make_spec(on_node, "sb-offline"))
+    # The backend's per-sandbox egress policy opens everything but egress_except.
+    assert await run(opened, connect(internet_server)) == "reached\n"
+    assert await run(closed, connect(internet_server)) == "blocked\n"
