@@ -3,12 +3,14 @@ backend, as the deployed orchestrator's ServiceAccount, makes its pods in a name
 `orchard deploy` made; the real kubelet runs them with containerd: the agent-injector image
 (built from images/agent-injector with Podman, imported into containerd) copies the bundle in
 an init container, and the agent answers on the pod's address, which this process reaches
-over the cluster's veth pair. Exec and files go to that agent; limits are in the pod's
-cgroups; the kubelet reports what it could not do (an image it cannot pull, a deadline)."""
+over the cluster's veth pair. Exec, files and PTY sessions go to that agent, also after a
+restarted backend adopted the pod; limits are in the pod's cgroups; the kubelet reports what
+it could not do (an image it cannot pull, a deadline)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
@@ -17,6 +19,7 @@ from orchard_env import errors
 from orchard_env.agent.client import AgentClient
 from orchard_env.orchestrator.backends.base import SandboxState
 from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend, dependent_names
+from tests.agent.test_pty import until_exit
 from tests.images.builds import TEST_REPOSITORY
 from tests.orchestrator.backends.kube_node import NODE, MiB, OnNode, make_spec, run
 from tests.orchestrator.conftest import eventually
@@ -114,3 +117,27 @@ async def test_the_kubelet_ends_a_sandbox_past_its_active_deadline(
     assert sandbox is not None
     assert sandbox.reason is not None
     assert sandbox.reason.startswith("DeadlineExceeded: Pod was active on the node longer than")
+
+
+async def test_a_restarted_backend_adopts_the_sandbox_and_a_pty_reaches_its_agent(
+    node_kube: KubernetesBackend, on_node: OnNode, tmp_path: Path
+) -> None:
+    spec = make_spec(on_node, "sb-pty")
+    await node_kube.create(spec)
+    restarted = KubernetesBackend(on_node.settings(tmp_path / "state"))
+    try:
+        found = {s.sandbox_id: s for s in await restarted.list()}["sb-pty"]
+        assert found.state == SandboxState.RUNNING
+        assert found.agent is not None and found.agent.token == spec.agent_token
+        async with AgentClient(token=found.agent.token, base_url=found.agent.base_url()) as agent:
+            await agent.wait_ready(30)
+            async with await agent.open_pty() as pty:
+                script = "tty -s && echo on-a-terminal && exit 7"
+                await pty.send({"type": "init", "cmd": ["sh", "-c", script]})
+                ready = await pty.recv()
+                assert ready is not None and ready["type"] == "ready"
+                output, exit_frame = await until_exit(pty)
+        assert exit_frame == {"type": "exit", "code": 7}
+        assert b"on-a-terminal" in output
+    finally:
+        await restarted.close()
