@@ -116,8 +116,8 @@ start kube-apiserver --etcd-servers http://127.0.0.1:2379 \
   --allow-privileged=true --watch-cache=false --profiling=false
 wait_for kube-apiserver 120 api /readyz
 
-# The node lifecycle controller is off: tier-A nodes are API objects without a kubelet
-# heartbeat, which it would taint unreachable and evict.
+# The node lifecycle controller is off: the tier's stand-in node is an API object without a
+# kubelet heartbeat, which it would taint unreachable and evict.
 start kube-controller-manager --kubeconfig "$state/controller-manager.kubeconfig" \
   --authentication-kubeconfig "$state/controller-manager.kubeconfig" \
   --authorization-kubeconfig "$state/controller-manager.kubeconfig" \
