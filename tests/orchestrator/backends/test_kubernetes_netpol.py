@@ -13,6 +13,7 @@ agents through
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.server
 import subprocess
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client as k8s
 
+from orchard_env.orchestrator.backends.base import BackendSandbox
 from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend
 from tests.kube_local import INTERNET_NETNS, unique_name
 from tests.orchestrator.backends.kube_node import (
@@ -145,6 +147,17 @@ def probe(
                 core.delete_namespaced_pod(name, on_node.service, grace_period_seconds=0)
 
 
+async def blocked(sandbox: BackendSandbox, target: str) -> bool:
+    """Whether ``sandbox`` is refused connecting to ``target`` once kube-router has set up the
+    new pod's rules (asynchronously, after the pod starts: until then it may connect)."""
+    deadline = time.monotonic() + 20
+    while await run(sandbox, connect(target)) == "reached\n":
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.5)
+    return True
+
+
 def agent_at(host: str | None) -> str:
     assert host is not None
     return f"{host} {AGENT_PORT}"
@@ -174,12 +187,12 @@ async def test_a_sandbox_reaches_neither_another_sandbox_nor_outside_the_cluster
     # nc works in the sandbox: its own agent, on loopback.
     assert await run(closed, connect(f"127.0.0.1 {AGENT_PORT}")) == "reached\n"
     # Not another sandbox's agent, even with network (cluster ranges are never egress).
-    assert await run(opened, connect(agent_at(closed.agent.host))) == "blocked\n"
+    assert await blocked(opened, agent_at(closed.agent.host))
     # Nothing outside: the host's server, which a pod without egress policies reaches, is not
     # reached from either sandbox (its address is in egress_except's private ranges).
     assert probe(on_node, host_server, tries=20) == "reached"
-    assert await run(closed, connect(host_server)) == "blocked\n"
-    assert await run(opened, connect(host_server)) == "blocked\n"
+    assert await blocked(closed, host_server)
+    assert await blocked(opened, host_server)
 
 
 async def test_a_sandbox_with_network_reaches_the_internet_and_one_without_does_not(
@@ -189,4 +202,4 @@ async def test_a_sandbox_with_network_reaches_the_internet_and_one_without_does_
     closed = await node_kube.create(make_spec(on_node, "sb-offline"))
     # The backend's per-sandbox egress policy opens everything but egress_except.
     assert await run(opened, connect(internet_server)) == "reached\n"
-    assert await run(closed, connect(internet_server)) == "blocked\n"
+    assert await blocked(closed, internet_server)
