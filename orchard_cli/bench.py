@@ -116,14 +116,24 @@ def create(
             "--pool", help="Also from a warm pool made for the run, beside cold (admin key)."
         ),
     ] = False,
+    tools: Annotated[
+        bool,
+        typer.Option(
+            "--tools",
+            help="Alternate creates with every harness mounted and with none (tools: false).",
+        ),
+    ] = False,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """Create to first successful exec, image present (with --pool: cold and pooled)."""
+    """Create to first successful exec, image present (with --pool: cold and pooled; with
+    --tools: with and without the harness payload)."""
     with connect(url, api_key, context) as client, err.status("create benchmark") as status:
-        result = bench_create(client, image=image, n=n, pool=pool, progress=status.update)
+        result = bench_create(
+            client, image=image, n=n, pool=pool, tools=tools, progress=status.update
+        )
     _emit(result, json_)
 
 
@@ -188,6 +198,31 @@ def fork(
             workspace_mb=workspace_mb,
             progress=status.update,
         )
+    _emit(result, json_)
+
+
+@app.command()
+def scale(
+    levels: Annotated[
+        str, typer.Option("--levels", help="Rising counts of sandboxes to measure at.")
+    ] = "100,1000,10000",
+    running_jobs: Annotated[
+        int, typer.Option("--running-jobs", help="Commands left running at the end.", min=0)
+    ] = 1000,
+    json_: JsonOpt = False,
+) -> None:
+    """The orchestrator's cost as its sandboxes and jobs grow: lists (paged and whole), job
+    lookup, exec, the reaper's pass and memory per sandbox and per running job, on an
+    orchestrator of its own in this process whose sandboxes are real agents without
+    containers (no service or engine is used)."""
+    from orchard_env.bench_scale import bench_scale
+
+    try:
+        counts = [int(part) for part in levels.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"{levels!r}: give counts like 100,1000,10000") from None
+    with err.status("scale benchmark") as status:
+        result = bench_scale(counts, running_jobs=running_jobs, progress=status.update)
     _emit(result, json_)
 
 

@@ -239,17 +239,23 @@ def bench_create(
     image: str,
     n: int = 10,
     pool: bool = False,
+    tools: bool = False,
     progress: Progress = lambda _m: None,
 ) -> BenchResult:
     """Create → first successful exec, one sandbox at a time, image present. With ``pool``
     (admin key), also from a warm pool made for the run, each pooled sample right after a
-    cold one of the same spec (cold: a create naming its own id, which no pool serves)."""
-    result = BenchResult("create to first exec", {"image": image, "n": n, "pool": pool})
+    cold one of the same spec (cold: a create naming its own id, which no pool serves). With
+    ``tools``, creates with every harness of the service's tools payload alternate with
+    creates without any (``tools: false``): what the payload costs a create."""
+    if pool and tools:
+        raise OrchardError("measure the pool or the tools payload, not both in one run")
+    params = {"image": image, "n": n, "pool": pool, "tools": tools}
+    result = BenchResult("create to first exec", params)
 
-    def sample(sandbox_id: str | None) -> tuple[float, float, bool]:
+    def sample(sandbox_id: str | None, harnesses: bool | None = None) -> tuple[float, float, bool]:
         """(seconds to the create's answer, to the first exec's, served by the pool)"""
         started = time.perf_counter()
-        sandbox = client.create_sandbox(image, sandbox_id=sandbox_id)
+        sandbox = client.create_sandbox(image, sandbox_id=sandbox_id, tools=harnesses)
         answered = time.perf_counter() - started
         sandbox.exec(["true"], check=True, shell=False)
         elapsed = time.perf_counter() - started
@@ -257,6 +263,19 @@ def bench_create(
         sandbox.delete()
         return answered, elapsed, from_pool
 
+    if tools:
+        with_tools: list[float] = []
+        without: list[float] = []
+        for i in range(n):
+            progress(f"sandbox pair {i + 1}/{n}")
+            with_tools.append(sample(None, True)[1])
+            without.append(sample(None, False)[1])
+        result.stats["create + first exec (every harness mounted)"] = Stats.of(with_tools)
+        result.stats["create + first exec (tools: false)"] = Stats.of(without)
+        result.figures["ratio p50 (harnesses / none)"] = round(
+            Stats.of(with_tools).p50 / Stats.of(without).p50, 4
+        )
+        return result
     if not pool:
         samples = []
         for i in range(n):

@@ -185,7 +185,13 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
         "ImageVolume feature), initcontainer (copied into an emptyDir) or off",
     ),
     Setting("runtime_class", None, str, "runtimeClassName for sandbox pods (gvisor, kata)"),
-    Setting("ephemeral_storage", "10Gi", parse_memory, "ephemeral-storage limit per sandbox pod"),
+    Setting(
+        "ephemeral_storage",
+        "10Gi",
+        parse_memory,
+        "disk limit of a sandbox without one (a pod's ephemeral-storage; locally where the "
+        "engine's storage can enforce it), and the largest disk a sandbox may ask for",
+    ),
     Setting(
         "egress_except",
         "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,100.64.0.0/10,169.254.0.0/16",
@@ -488,6 +494,15 @@ def service_settings(*, context: ContextChoice | None = None, **overrides: Any) 
         raise ConfigError(
             f"unknown backend {values['backend']!r}", hint="backend is docker or kubernetes"
         )
+    return ServiceSettings(**values)
+
+
+def default_service_settings(**overrides: Any) -> ServiceSettings:
+    """The table's defaults plus ``overrides``, with no environment or config file read (for
+    tests and benchmarks that run an orchestrator of their own)."""
+    values: dict[str, Any] = {s.key: None for s in SERVICE_SETTINGS}
+    values.update({s.key: s.parse(s.default) for s in SERVICE_SETTINGS if s.default is not None})
+    values.update(overrides)
     return ServiceSettings(**values)
 
 

@@ -702,9 +702,14 @@ class Job(BaseModel):
     started_at: Timestamp | None = None
     completed_at: Timestamp | None = None
     error: str | None = None
-    # Orchard extensions (a timed-out or cancelled job is ``failed``)
+    # Orchard extensions (a timed-out, cancelled or OOM-killed job is ``failed``)
     timed_out: bool = False
     cancelled: bool = False
+    oom_killed: bool = Field(
+        default=False,
+        description="the kernel's OOM killer ended the command: it went over the sandbox's "
+        "memory limit (error says the limit)",
+    )
     truncated: bool = False
 
     @property

@@ -73,13 +73,14 @@ def _ignore_gone(remove: Any, object_id: str, **options: Any) -> None:
 
 
 def image_tags(client: docker.DockerClient, label: str) -> list[str]:
-    """The tags of the images carrying ``label``. Podman's image list fails ("image not
-    known") when another request removes an image meanwhile, as a reaper does: ask again."""
+    """The tags of the images carrying ``label``, from one listing (the SDK's ``images.list``
+    inspects each image after listing, which fails when a reaper removes one in between).
+    Podman's listing itself fails ("image not known") when an image goes meanwhile: ask
+    again."""
     for attempt in range(10):
         try:
-            return [
-                tag for image in client.images.list(filters={"label": label}) for tag in image.tags
-            ]
+            listed = client.api.images(filters={"label": label})
+            return [tag for image in listed for tag in image.get("RepoTags") or ()]
         except docker.errors.APIError as exc:
             if "image not known" not in str(exc) or attempt == 9:
                 raise

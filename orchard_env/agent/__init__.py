@@ -30,8 +30,8 @@ Routes
 
     * ``{"t": "o", "d": <base64 stdout chunk>}`` / ``{"t": "e", "d": <base64 stderr chunk>}``
     * then ``{"t": "x", "exit_code": int|null, "signal": int|null, "timed_out": bool,
-      "cancelled": bool, "truncated": bool, "dropped": [int, int], "error": str|null,
-      "duration": float}``
+      "cancelled": bool, "oom_killed": bool, "truncated": bool, "dropped": [int, int],
+      "error": str|null, "duration": float}``
     * last: ``{"t": "p", "mac"}``, the proof over every byte of the stream before it
 
     A string ``command`` runs as ``/bin/bash -c`` (``/bin/sh -c`` without bash), a list as an
@@ -40,7 +40,10 @@ Routes
     its own session and is a child subreaper; a timeout or cancel SIGKILLs its whole tree
     (``setsid``/``nohup`` descendants and orphans included), nothing else. Past half of
     ``max_output_bytes`` a stream's output goes to a ring of the other half, sent after the
-    command ended; ``dropped`` counts the bytes between head and tail (``truncated``). A
+    command ended; ``dropped`` counts the bytes between head and tail (``truncated``).
+    ``oom_killed``: the command ended by a SIGKILL (or exit 137) the agent did not send while
+    the sandbox's memory cgroup counted an OOM kill (``oom_kill`` in cgroup v2's
+    ``memory.events``, v1's ``memory.oom_control``). A
     missing ``cwd`` is a 400; a missing binary ends with exit code 127 and ``error`` naming
     it. The agent environment (with the enrolled ``env``) reaches the command without the
     agent's own variables, plus the request's ``env``.
@@ -67,6 +70,14 @@ Routes
     (else close 4400), then ``stdin{data}``, ``signal{sig: TERM|KILL|INT|HUP|QUIT}``,
     ``resize{rows, cols}``, ``close``; the agent sends ``ready{pid}``, ``stdout{data}``
     (base64, up to 64 KiB raw per frame), ``exit{code}`` (negative: killed by that signal),
-    ``error{message}`` (a failed spawn closes with 4500). Disconnecting kills the session's
-    process group.
+    ``error{message}`` (a failed spawn closes with 4500). Signals go to the session's process
+    group; ``KILL``, the end of the 5 s grace after ``close`` (which sends ``TERM``) and a
+    disconnect kill its whole tree instead, ``setsid``/``nohup`` descendants included (the
+    command is a child subreaper, as a job's is).
+
+    ``POST /model/relay`` (a sandbox whose model calls are relayed over parked connections,
+    see :mod:`orchard_env.agent.daemon.model`) -> ``101`` ``Upgrade: orchard-model-relay``,
+    proven over ``upgrade``; the connection then waits for a harness connection to
+    ``127.0.0.1:4000``, announced by one ``+`` byte, after which it carries that
+    connection's bytes both ways (409 for a sandbox without such a relay).
 """

@@ -21,19 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
-import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
+from urllib.parse import quote, urlencode, urlsplit
 
-import httpx
 from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from orchard_env import errors
+from orchard_env import errors, http1
 from orchard_env.agent import peer
 from orchard_env.agent.daemon import proof
 from orchard_env.protocol import FileEntry
@@ -57,7 +57,8 @@ class Exit:
     """The end of a command. ``exit_code`` is None when a signal (``signal``) ended it.
 
     ``timed_out``: the agent killed it at its timeout (distinct from a command exiting 124);
-    ``cancelled``: killed by :meth:`AgentClient.cancel`; ``truncated``: output went over
+    ``cancelled``: killed by :meth:`AgentClient.cancel`; ``oom_killed``: the kernel's OOM killer
+    ended it (the sandbox's memory limit); ``truncated``: output went over
     ``max_output_bytes`` on a stream; ``dropped``: bytes (stdout, stderr) the agent cut out
     between a stream's head and its tail; ``error``: it could not be started (e.g. the binary
     does not exist, with exit code 127).
@@ -71,9 +72,14 @@ class Exit:
     error: str | None
     duration: float
     dropped: tuple[int, int] = (0, 0)
+    oom_killed: bool = False
 
 
 AgentEvent = Output | Exit
+
+
+def _target(path: str, params: dict[str, str]) -> str:
+    return f"{path}?{urlencode(params, quote_via=quote)}"
 
 
 def _dropped(value: Any) -> tuple[int, int]:
@@ -94,29 +100,25 @@ class FileStream:
     :meth:`aclose`, for a download given up before it started).
     """
 
-    def __init__(self, response: httpx.Response, client: AgentClient, size: int) -> None:
+    def __init__(self, response: http1.Response, client: AgentClient, size: int) -> None:
         self._response = response
         self._client = client
         self.size = size
-        """The file's size in bytes (the agent's Content-Length)."""
+        """The file's size in bytes (the agent's Content-Length: no more is read)."""
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        sent = 0
+        body = self._response.body(self._client._timeout)
         try:
-            async for chunk in self._response.aiter_raw():
-                sent += len(chunk)
-                if sent > self.size:
-                    raise self._client._tampered(
-                        f"the agent sent more than the {self.size} bytes it announced"
-                    )
+            async for chunk in body:
                 yield chunk
-        except httpx.TransportError as exc:
+        except OSError as exc:
             raise self._client._unavailable(exc) from exc
         finally:
-            await self._response.aclose()
+            await body.aclose()
+            self._response.close()
 
     async def aclose(self) -> None:
-        await self._response.aclose()
+        self._response.close()
 
 
 class AgentPty:
@@ -192,19 +194,20 @@ class AgentClient:
         self._model = model
         self._uds = uds
         self._base_url = (base_url or "http://agent").rstrip("/")
+        origin = urlsplit(self._base_url)
+        self._host = origin.netloc
+        self._address = (origin.hostname or "", origin.port or 80)
         self._where = uds if uds is not None else self._base_url
         self._timeout = timeout
         self._on_tampered = on_tampered
-        self._http = self._new_http(
-            httpx.Limits(max_keepalive_connections=32, keepalive_expiry=60.0)
-        )
+        self._http = self._connections(max_idle=32)
 
-    def _new_http(self, limits: httpx.Limits) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            transport=peer.transport(uds=self._uds, limits=limits, tampered=self._tampered),
-            base_url=self._base_url,
-            timeout=httpx.Timeout(self._timeout),
-        )
+    def _connections(self, max_idle: int) -> http1.Connections:
+        return http1.Connections(self._connect, max_idle=max_idle, idle_expiry=60.0)
+
+    async def _connect(self) -> http1.Stream:
+        host, port = self._address
+        return await peer.connect(uds=self._uds, host=host, port=port, tampered=self._tampered)
 
     async def __aenter__(self) -> AgentClient:
         return self
@@ -213,7 +216,7 @@ class AgentClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._http.close()
 
     # plumbing
 
@@ -221,71 +224,87 @@ class AgentClient:
         return errors.AgentUnavailable(f"agent at {self._where} is unreachable: {exc!r}")
 
     def _tampered(self, message: str) -> errors.AgentTampered:
-        error = errors.AgentTampered(
-            f"agent at {self._where}: {message}",
-            hint="code in the sandbox interfered with its agent; the sandbox is failed",
-        )
+        error = peer.tampered_error(self._where, message)
         if self._on_tampered is not None:
             self._on_tampered(error)
         return error
 
-    def _sign(self, method: str, target: str, body: str) -> tuple[str, dict[str, str]]:
+    def _sign(self, method: str, target: str, body: str) -> tuple[str, list[tuple[str, str]]]:
         """(nonce, headers) authenticating one request to the agent."""
-        nonce = secrets.token_hex(16)
-        mac = proof.request_mac(self._key, nonce, method, target, body)
-        headers = {
-            proof.NONCE_HEADER: nonce,
-            proof.BODY_HEADER: body,
-            "Authorization": f"{proof.SCHEME} {mac}",
-        }
-        return nonce, headers
+        return proof.sign(self._key, method, target, body)
 
-    def _signed(
+    async def _send(
         self,
         method: str,
-        url: str,
+        target: str,
+        content: bytes | AsyncIterable[bytes] = b"",
         *,
-        params: dict[str, str] | None = None,
-        content: bytes | AsyncIterable[bytes] | None = None,
-        timeout: httpx.Timeout | float | None = None,
-    ) -> tuple[httpx.Request, str]:
-        """A request carrying its MAC (the body's digest included unless it is streamed)."""
+        http: http1.Connections | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the request's, for each phase
+        read_timeout: float | None = None,
+    ) -> tuple[http1.Response, str]:
+        """Send a request carrying its MAC (over the body's digest unless it is streamed)
+        and read its answer's head: (the answer, the request's nonce). ``timeout`` (the
+        client's if None) bounds connecting and each write, ``read_timeout`` the wait for
+        the head (None: no bound)."""
         if isinstance(content, bytes):
-            body = proof.digest(content)
-        elif content is None:
-            body = proof.digest(b"")
+            body, length = proof.digest(content), len(content)
         else:
-            body = proof.UNSIGNED_BODY
-        request = self._http.build_request(
+            body, length = proof.UNSIGNED_BODY, None
+        nonce, headers = self._sign(method, target, body)
+        head = http1.request_head(method, target, self._host, headers, length)
+        response = await (http or self._http).request(
             method,
-            url,
-            params=params,
-            content=content,
-            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
+            head,
+            content,
+            timeout=self._timeout if timeout is None else timeout,
+            read_timeout=read_timeout,
         )
-        nonce, headers = self._sign(method, request.url.raw_path.decode("ascii"), body)
-        request.headers.update(headers)
-        return request, nonce
+        return response, nonce
 
-    def _check_proof(self, response: httpx.Response, nonce: str, body: str) -> None:
+    def _check_proof(self, response: http1.Response, nonce: str, body: str) -> None:
         """The answer came from the agent holding the sandbox's key, else tampering."""
-        given = response.headers.get(proof.PROOF_HEADER, "")
-        expected = proof.response_mac(self._key, nonce, response.status_code, body)
+        given = response.header(proof.PROOF_HEADER.lower()) or ""
+        expected = proof.response_mac(self._key, nonce, response.status, body)
         if not proof.same(given, expected):
             raise self._tampered(
                 "its answer carries no valid proof of the sandbox's key: "
                 "something other than the sandbox's agent answered"
             )
 
-    async def _fail(self, response: httpx.Response, nonce: str) -> NoReturn:
+    async def _fail(self, response: http1.Response, nonce: str) -> NoReturn:
         """Raise the error of a non-200 answer (proven, except a 401 for a wrong key)."""
-        body = await self._error_body(response)
-        if response.status_code != 401:
+        body = await self._read(response, peer.MAX_ERROR_BYTES, "an error", self._timeout)
+        if response.status != 401:
             self._check_proof(response, nonce, proof.digest(body))
-        self._raise_error(response.status_code, body)
+        self._raise_error(response.status, body)
 
-    async def _error_body(self, response: httpx.Response) -> bytes:
-        return await peer.read_capped(response, peer.MAX_ERROR_BYTES, "an error", self._tampered)
+    async def _read(
+        self,
+        response: http1.Response,
+        limit: int,
+        what: str,
+        timeout: float,  # noqa: ASYNC109 - for each read
+    ) -> bytes:
+        """The answer's whole body (at most ``limit`` bytes); the connection is released."""
+        try:
+            return await peer.read_capped(response.body(timeout), limit, what, self._tampered)
+        finally:
+            response.close()
+
+    def _bad_http(self, exc: http1.BadAnswer) -> errors.AgentTampered:
+        return self._tampered(f"the agent's answer is not HTTP/1.1 as it speaks it: {exc}")
+
+    @contextlib.contextmanager
+    def _link(self) -> Iterator[None]:
+        """An answer that breaks HTTP/1.1 is tampering; a connection that fails, breaks off
+        or times out leaves the agent unavailable."""
+        try:
+            yield
+        except http1.BadAnswer as exc:
+            raise self._bad_http(exc) from None
+        except OSError as exc:
+            raise self._unavailable(exc) from exc
 
     def _json(self, body: bytes) -> Any:
         try:
@@ -312,42 +331,33 @@ class AgentClient:
     async def _request(
         self,
         method: str,
-        url: str,
+        target: str,
         *,
-        http: httpx.AsyncClient | None = None,
-        params: dict[str, str] | None = None,
-        content: bytes | AsyncIterable[bytes] | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 - the request's, passed to httpx
+        http: http1.Connections | None = None,
+        content: bytes | AsyncIterable[bytes] = b"",
+        timeout: float | None = None,  # noqa: ASYNC109 - the request's
     ) -> Any:
         """One signed request and its proven JSON answer."""
-        request, nonce = self._signed(method, url, params=params, content=content, timeout=timeout)
-        try:
-            response = await (http or self._http).send(request, stream=True)
-            try:
-                if response.status_code != 200:
-                    await self._fail(response, nonce)
-                body = await peer.read_capped(
-                    response, peer.MAX_JSON_BYTES, "a JSON reply", self._tampered
-                )
-            finally:
-                await response.aclose()
-        except httpx.TransportError as exc:
-            raise self._unavailable(exc) from exc
+        timeout = self._timeout if timeout is None else timeout
+        with self._link():
+            response, nonce = await self._send(
+                method, target, content, http=http, timeout=timeout, read_timeout=timeout
+            )
+            if response.status != 200:
+                await self._fail(response, nonce)
+            body = await self._read(response, peer.MAX_JSON_BYTES, "a JSON reply", timeout)
         self._check_proof(response, nonce, proof.digest(body))
         return self._json(body)
 
     async def _liveness(self, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
         """The agent's unauthenticated ``GET /health`` (it answers before it is enrolled)."""
-        try:
-            async with self._http.stream("GET", "/health", timeout=timeout) as response:
-                body = await peer.read_capped(
-                    response, peer.MAX_ERROR_BYTES, "a health answer", self._tampered
-                )
-        except httpx.TransportError as exc:
-            raise self._unavailable(exc) from exc
+        head = http1.request_head("GET", "/health", self._host, [], 0)
+        with self._link():
+            response = await self._http.request("GET", head, timeout=timeout, read_timeout=timeout)
+            body = await self._read(response, peer.MAX_ERROR_BYTES, "a health answer", timeout)
         result = self._json(body)
-        if response.status_code != 200 or not isinstance(result, dict):
-            raise self._tampered(f"the agent's health answer is HTTP {response.status_code}")
+        if response.status != 200 or not isinstance(result, dict):
+            raise self._tampered(f"the agent's health answer is HTTP {response.status}")
         return result
 
     async def enroll(self) -> None:
@@ -382,14 +392,14 @@ class AgentClient:
         else why nothing listens at its endpoint (the socket is gone, the connection is
         refused). Tampering raises :class:`~orchard_env.errors.AgentTampered`.
         """
-        http = self._new_http(httpx.Limits(max_keepalive_connections=0))
+        http = self._connections(max_idle=0)
         try:
             await self._request("GET", "/health", http=http, timeout=timeout)
         except errors.AgentUnavailable as exc:
-            if isinstance(exc.__cause__, httpx.ConnectError):
+            if isinstance(exc.__cause__, peer.ConnectFailed):
                 return str(exc.__cause__) or "the connection was refused"
         finally:
-            await http.aclose()
+            await http.close()
         return None
 
     async def wait_ready(self, timeout: float) -> None:  # noqa: ASYNC109 - a deadline
@@ -453,11 +463,12 @@ class AgentClient:
     ) -> AsyncGenerator[AgentEvent, None]:
         """Follow a job the agent knows: its output from the start, then live, then its exit
         (``max_output_bytes``: the cap it was started with, which bounds what is read)."""
-        return self._job_stream("GET", f"/exec/{job_id}", None, None, max_output_bytes)
+        target = f"/exec/{quote(job_id, safe='')}"
+        return self._job_stream("GET", target, None, None, max_output_bytes)
 
     async def cancel(self, job_id: str) -> bool:
         """Kill a running job's process group; False if it had already finished."""
-        result = await self._request("POST", f"/exec/{job_id}/cancel")
+        result = await self._request("POST", f"/exec/{quote(job_id, safe='')}/cancel")
         return bool(result["cancelled"])
 
     def _event(self, line: bytes, cap: int, seen: dict[str, int]) -> AgentEvent:
@@ -475,6 +486,7 @@ class AgentClient:
                     error=event["error"],
                     duration=float(event["duration"]),
                     dropped=_dropped(event.get("dropped")),
+                    oom_killed=event.get("oom_killed") is True,
                 )
             stream = _STREAMS[event["t"]]
             data = base64.b64decode(event["d"], validate=True)
@@ -488,28 +500,29 @@ class AgentClient:
     async def _job_stream(
         self,
         method: str,
-        url: str,
+        target: str,
         payload: dict[str, Any] | None,
         read_timeout: float | None,
         max_output: int | None,
     ) -> AsyncGenerator[AgentEvent, None]:
         delivered = {"stdout": 0, "stderr": 0}
         cap = peer.AGENT_DEFAULT_MAX_OUTPUT if max_output is None else max_output
-        timeout = httpx.Timeout(self._timeout, read=read_timeout)
-        content = None if payload is None else json.dumps(payload).encode()
+        content = b"" if payload is None else json.dumps(payload).encode()
         for delay in (*RESUME_DELAYS, None):
             final: Exit | None = None
             proven = False
-            request, nonce = self._signed(method, url, content=content, timeout=timeout)
             try:
-                resp = await self._http.send(request, stream=True)
+                resp, nonce = await self._send(
+                    method, target, content, timeout=self._timeout, read_timeout=read_timeout
+                )
                 try:
-                    if resp.status_code != 200:
+                    if resp.status != 200:
                         await self._fail(resp, nonce)
                     self._check_proof(resp, nonce, proof.STREAM)
                     seen = {"stdout": 0, "stderr": 0}
                     sent = hashlib.sha256()
-                    lines = peer.capped_lines(resp, peer.stream_bytes_limit(cap), self._tampered)
+                    body = resp.body(read_timeout)
+                    lines = peer.capped_lines(body, peer.stream_bytes_limit(cap), self._tampered)
                     # Read to the end of the response (the proof is last): only a fully read
                     # response leaves its connection reusable for the next call.
                     async for line in lines:
@@ -531,17 +544,20 @@ class AgentClient:
                             delivered[event.stream] += len(data)
                             yield Output(event.stream, data)
                 finally:
-                    await resp.aclose()
+                    resp.close()
                 if final is None:
-                    raise httpx.RemoteProtocolError("the job stream ended before its exit event")
+                    raise http1.Closed("the job stream ended before its exit event")
                 if not proven:
                     raise self._tampered("the job stream ended without the agent's proof")
-            except httpx.TransportError as exc:
-                if final is None:
-                    if delay is None:
-                        raise self._unavailable(exc) from exc
-                    await asyncio.sleep(delay)
-                    continue
+            except http1.BadAnswer as exc:
+                raise self._bad_http(exc) from None
+            except OSError as exc:
+                # Cut off before the proof (an exit event included): re-attach, which
+                # replays the whole stream and its proof.
+                if delay is None:
+                    raise self._unavailable(exc) from exc
+                await asyncio.sleep(delay)
+                continue
             yield final
             return
 
@@ -566,26 +582,19 @@ class AgentClient:
     async def open_file(self, path: str) -> FileStream:
         """Start a download: its size is known before any byte is read (FileNotFound if
         missing, InvalidRequest for a directory, raised here rather than mid-stream)."""
-        request, nonce = self._signed("GET", "/files", params={"path": path})
-        try:
-            response = await self._http.send(request, stream=True)
-            if response.status_code != 200:
-                try:
-                    await self._fail(response, nonce)
-                finally:
-                    await response.aclose()
-        except httpx.TransportError as exc:
-            raise self._unavailable(exc) from exc
+        with self._link():
+            response, nonce = await self._send("GET", _target("/files", {"path": path}))
+            if response.status != 200:
+                await self._fail(response, nonce)
         try:
             self._check_proof(response, nonce, proof.RAW)
+            if response.length is None or response.chunked:
+                length = response.header("content-length") or ""
+                raise self._tampered(f"the agent sent a file without a valid size ({length!r})")
         except errors.AgentTampered:
-            await response.aclose()
+            response.close()
             raise
-        length = response.headers.get("Content-Length", "")
-        if not length.isdigit():
-            await response.aclose()
-            raise self._tampered(f"the agent sent a file without a valid size ({length!r})")
-        return FileStream(response, self, int(length))
+        return FileStream(response, self, response.length)
 
     async def read_file(self, path: str) -> AsyncIterator[bytes]:
         """Stream a file's bytes (see :meth:`open_file` for the size and the errors)."""
@@ -603,24 +612,24 @@ class AgentClient:
         params = {"path": path}
         if mode is not None:
             params["mode"] = f"{mode:04o}"
-        result = await self._request("PUT", "/files", params=params, content=data)
+        result = await self._request("PUT", _target("/files", params), content=data)
         return int(result["size"])
 
     async def list_dir(self, path: str) -> list[FileEntry]:
         """Entries of a directory, sorted by name; symlinks are reported, not followed."""
-        result = await self._request("GET", "/files/list", params={"path": path})
+        result = await self._request("GET", _target("/files/list", {"path": path}))
         return [FileEntry.model_validate(entry) for entry in result]
 
     async def delete_path(self, path: str, recursive: bool = False) -> str:
         """Delete a file, symlink or (empty, unless ``recursive``) directory; returns its path."""
         params = {"path": path, "recursive": "true" if recursive else "false"}
-        result = await self._request("DELETE", "/files", params=params)
+        result = await self._request("DELETE", _target("/files", params))
         return str(result["deleted"])
 
     async def mkdir(self, path: str, parents: bool = True) -> str:
         """Create a directory (with its parents by default); returns its absolute path."""
         params = {"path": path, "parents": "true" if parents else "false"}
-        result = await self._request("POST", "/files/mkdir", params=params)
+        result = await self._request("POST", _target("/files/mkdir", params))
         return str(result["path"])
 
     # PTY

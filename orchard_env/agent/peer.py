@@ -10,17 +10,14 @@ breaks a bound is :class:`~orchard_env.errors.AgentTampered`, never buffered.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
 import stat
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 
-import httpcore
-import httpx
-
-from orchard_env import errors
+from orchard_env import errors, http1
 
 MiB = 1024 * 1024
 MAX_LINE_BYTES = MiB
@@ -34,6 +31,14 @@ AGENT_DEFAULT_MAX_OUTPUT = 10 * MiB
 
 Tampered = Callable[[str], errors.AgentTampered]
 """Makes the error (and reports the sandbox) for what an agent endpoint did wrong."""
+
+
+def tampered_error(where: str, message: str) -> errors.AgentTampered:
+    """The error for what the agent endpoint ``where`` did wrong."""
+    return errors.AgentTampered(
+        f"agent at {where}: {message}",
+        hint="code in the sandbox interfered with its agent; the sandbox is failed",
+    )
 
 
 def stream_bytes_limit(max_output: int) -> int:
@@ -93,90 +98,63 @@ def socket_path(path: str, tampered: Tampered) -> Iterator[str]:
         os.close(dir_fd)
 
 
-class SocketBackend(httpcore.AsyncNetworkBackend):
-    """httpcore's network backend, connecting unix sockets through :func:`socket_path`."""
-
-    def __init__(self, tampered: Tampered) -> None:
-        self._inner = httpcore.AnyIOBackend()
-        self._tampered = tampered
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's signature
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        return await self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
-
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's signature
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        try:
-            with socket_path(path, self._tampered) as safe:
-                return await self._inner.connect_unix_socket(safe, timeout, socket_options)
-        except errors.AgentUnavailable as exc:
-            # httpx turns ConnectError into a TransportError, which the client retries.
-            raise httpcore.ConnectError(exc.message) from None
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
+class ConnectFailed(ConnectionError):
+    """Nothing listens at the agent's endpoint (no socket, the connection refused)."""
 
 
-def transport(
-    *, uds: str | None, limits: httpx.Limits, tampered: Tampered
-) -> httpx.AsyncHTTPTransport:
-    """An httpx transport whose unix-socket connections go through :func:`socket_path`."""
-    # The agent speaks plain HTTP (its answers are proven by MAC): no TLS context to build.
-    result = httpx.AsyncHTTPTransport(limits=limits, verify=False)
-    # httpx takes no network backend; its transport drives any httpcore pool given here.
-    result._pool = httpcore.AsyncConnectionPool(
-        max_connections=limits.max_connections,
-        max_keepalive_connections=limits.max_keepalive_connections,
-        keepalive_expiry=limits.keepalive_expiry,
-        uds=uds,
-        retries=1,
-        network_backend=SocketBackend(tampered),
-    )
-    return result
+async def connect(*, uds: str | None, host: str, port: int, tampered: Tampered) -> http1.Stream:
+    """A new connection to the agent: its unix socket through :func:`socket_path`, else TCP."""
+    try:
+        if uds is None:
+            return await asyncio.open_connection(host, port, limit=http1.MAX_HEAD)
+        with socket_path(uds, tampered) as path:
+            return await asyncio.open_unix_connection(path, limit=http1.MAX_HEAD)
+    except errors.AgentUnavailable as exc:
+        raise ConnectFailed(exc.message) from None
+    except OSError as exc:
+        if isinstance(exc, TimeoutError):
+            raise
+        raise ConnectFailed(str(exc)) from exc
 
 
-async def read_capped(response: httpx.Response, limit: int, what: str, tampered: Tampered) -> bytes:
-    """The body of a streamed response, at most ``limit`` bytes (more is tampering). Raw
-    bytes: the agent never compresses, so no decoder runs on what an impostor sends."""
+async def read_capped(
+    body: AsyncGenerator[bytes, None], limit: int, what: str, tampered: Tampered
+) -> bytes:
+    """A body (:meth:`http1.Response.body`), at most ``limit`` bytes (more is tampering).
+    Raw bytes: no decoder runs on what an impostor sends."""
     parts: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_raw():
-        size += len(chunk)
-        if size > limit:
-            raise tampered(f"the agent sent {what} over {limit} bytes")
-        parts.append(chunk)
+    async with contextlib.aclosing(body):
+        async for chunk in body:
+            size += len(chunk)
+            if size > limit:
+                raise tampered(f"the agent sent {what} over {limit} bytes")
+            parts.append(chunk)
     return b"".join(parts)
 
 
 async def capped_lines(
-    response: httpx.Response, total_limit: int, tampered: Tampered
+    body: AsyncGenerator[bytes, None], total_limit: int, tampered: Tampered
 ) -> AsyncIterator[bytes]:
-    """The non-empty lines of a streamed response: each at most :data:`MAX_LINE_BYTES`, all
-    together at most ``total_limit`` bytes."""
+    """The non-empty lines of a body: each at most :data:`MAX_LINE_BYTES`, all together at
+    most ``total_limit`` bytes."""
     pending = b""
     total = 0
-    async for chunk in response.aiter_raw():
-        total += len(chunk)
-        if total > total_limit:
-            raise tampered(f"the agent sent a job stream over {total_limit} bytes")
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        if len(pending) > MAX_LINE_BYTES:
-            raise tampered(f"the agent sent a line over {MAX_LINE_BYTES} bytes")
-        for line in lines:
-            if len(line) > MAX_LINE_BYTES:
+    try:
+        async for chunk in body:
+            total += len(chunk)
+            if total > total_limit:
+                raise tampered(f"the agent sent a job stream over {total_limit} bytes")
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            if len(pending) > MAX_LINE_BYTES:
                 raise tampered(f"the agent sent a line over {MAX_LINE_BYTES} bytes")
-            if line.strip():
-                yield line
+            for line in lines:
+                if len(line) > MAX_LINE_BYTES:
+                    raise tampered(f"the agent sent a line over {MAX_LINE_BYTES} bytes")
+                if line.strip():
+                    yield line
+    finally:
+        await body.aclose()
     if pending.strip():
         yield pending

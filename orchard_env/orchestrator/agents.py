@@ -35,19 +35,22 @@ class AgentPool:
             self._stale.setdefault(record.sandbox_id, []).append(cached[1])
         env, model = record.env, None
         if record.model_gateway is not None:
-            env, model = gateway_enrollment(record.model_gateway, record.env)
+            # An agent on TCP cannot dial out (Kubernetes): the orchestrator parks connections.
+            parked = endpoint.uds is None
+            env, model = gateway_enrollment(record.model_gateway, record.env, parked=parked)
         client = AgentClient(
             token=endpoint.token,
             uds=endpoint.uds,
             base_url=None if endpoint.uds is not None else endpoint.base_url(),
             env=env,
             model=model,
-            on_tampered=lambda error: self._tampered(record.sandbox_id, error),
+            on_tampered=lambda error: self.tampered(record.sandbox_id, error),
         )
         self._clients[record.sandbox_id] = (endpoint, client)
         return client
 
-    def _tampered(self, sandbox_id: str, error: AgentTampered) -> None:
+    def tampered(self, sandbox_id: str, error: AgentTampered) -> None:
+        """Report an integrity failure of a sandbox's agent (to :attr:`on_tampered`)."""
         if self.on_tampered is not None:
             self.on_tampered(sandbox_id, error)
 

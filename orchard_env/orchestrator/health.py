@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_SECONDS = 5.0
 PROBE_CONCURRENCY = 16
+PROBES_PER_PASS = 1000
+"""At most this many agents are probed in one reaper pass, those probed longest ago first:
+the pass stays bounded with tens of thousands of sandboxes (each is then probed every
+``ready sandboxes / PROBES_PER_PASS`` passes), and every one is probed each pass below it."""
 
 
 class AgentHealth:
@@ -31,6 +35,8 @@ class AgentHealth:
         self.store = store
         self.sandboxes = sandboxes
         self._pending: set[asyncio.Task[None]] = set()
+        self._probed: dict[str, int] = {}  # sandbox id -> the pass that last probed it
+        self._passes = 0
         agents.on_tampered = self.tampered
 
     def tampered(self, sandbox_id: str, error: AgentTampered) -> None:
@@ -66,7 +72,9 @@ class AgentHealth:
         return False
 
     async def probe_all(self) -> None:
-        """Check every ready sandbox's agent (the reaper's pass)."""
+        """Check the agents of ready sandboxes (the reaper's pass): every one, or the
+        :data:`PROBES_PER_PASS` probed longest ago."""
+        self._passes += 1
         limit = asyncio.Semaphore(PROBE_CONCURRENCY)
 
         async def one(record: SandboxRecord) -> None:
@@ -79,8 +87,18 @@ class AgentHealth:
                         extra={"sandbox_id": record.sandbox_id, "error": str(exc)},
                     )
 
-        records = await self.store.list_sandboxes(pooled=True)
-        await asyncio.gather(*(one(r) for r in records if r.status == SandboxStatus.READY))
+        ready = [
+            r
+            for r in await self.store.list_sandboxes(pooled=True)
+            if r.status == SandboxStatus.READY
+        ]
+        self._probed = {r.sandbox_id: self._probed.get(r.sandbox_id, 0) for r in ready}
+        if len(ready) > PROBES_PER_PASS:
+            ready.sort(key=lambda r: self._probed[r.sandbox_id])
+            del ready[PROBES_PER_PASS:]
+        for record in ready:
+            self._probed[record.sandbox_id] = self._passes
+        await asyncio.gather(*(one(r) for r in ready))
 
     async def close(self) -> None:
         await asyncio.gather(*self._pending, return_exceptions=True)

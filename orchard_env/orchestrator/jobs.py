@@ -31,7 +31,7 @@ from orchard_env.orchestrator.auth import Caller
 from orchard_env.orchestrator.health import AgentHealth
 from orchard_env.orchestrator.records import JobRecord, SandboxRecord
 from orchard_env.orchestrator.revocation import KeySessions
-from orchard_env.orchestrator.sandboxes import SandboxService
+from orchard_env.orchestrator.sandboxes import SandboxService, command_oom_reason
 from orchard_env.orchestrator.store import Store
 from orchard_env.protocol import ExecEvent, ExecRequest, Job, JobStatus, SandboxStatus
 
@@ -259,12 +259,14 @@ class JobService:
 
     async def submit(self, sandbox_id: str, request: ExecRequest, caller: Caller) -> JobRecord:
         """Start a job, or return the existing one for a known ``job_id``."""
-        scope = (await self.sandboxes.get_record(sandbox_id, caller)).owner or ""
+        sandbox = await self.sandboxes.get_record(sandbox_id, caller)
+        scope = sandbox.owner or ""
         if request.job_id is not None:
             existing = await self.store.get_job(scope, request.job_id)
             if existing is not None:
                 return self._existing(existing, sandbox_id, caller, request)
-        sandbox = await self.sandboxes.require_ready(sandbox_id, caller)
+        if sandbox.status != SandboxStatus.READY:  # else no second read: the job's task checks
+            sandbox = await self.sandboxes.require_ready(sandbox_id, caller)
         record = JobRecord(
             job_id=request.job_id or uuid.uuid4().hex,
             sandbox_id=sandbox_id,
@@ -336,25 +338,31 @@ class JobService:
     async def _wait_for(
         self, record: JobRecord, caller: Caller, seconds: float | None
     ) -> JobRecord:
-        """The job once done, or as it is after ``seconds`` (None: no limit)."""
+        """The job once done, or as it is after ``seconds`` (None: no limit). ``record`` is
+        one the caller may see; a job running here is followed in memory, others in the
+        store."""
         loop = asyncio.get_running_loop()
         deadline = None if seconds is None else loop.time() + seconds
         while True:
-            stored = await self.store.get_job(record.scope, record.job_id)
-            if stored is None or not caller.can_see(stored.owner):
-                raise JobNotFound(f"job {record.job_id} does not exist")
-            record = self._current(stored)
+            run = self._run_of(record)
+            if run is not None:
+                record = run.snapshot()
+            else:
+                stored = await self.store.get_job(record.scope, record.job_id)
+                if stored is None or not caller.can_see(stored.owner):
+                    raise JobNotFound(f"job {record.job_id} does not exist")
+                record = stored
             remaining = None if deadline is None else deadline - loop.time()
             if record.status.done or (remaining is not None and remaining <= 0):
                 return record
-            run = self._run_of(record)
             step = 0.25 if run is None else 5.0  # poll the store when no run is in memory
             step = step if remaining is None else min(step, remaining)
             if run is None:
                 await asyncio.sleep(step)
             else:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(run.done.wait(), step)
+                    async with asyncio.timeout(step):
+                        await run.done.wait()
 
     async def wait(self, job_id: str, caller: Caller, seconds: float) -> Job:
         """The job once finished, or as it is when ``seconds`` run out (never an error)."""
@@ -425,7 +433,7 @@ class JobService:
                 run.acknowledged = attach
                 final = await self._drive(run, sandbox, attach)
             if final is not None:
-                await self._finish_from_exit(run, final)
+                await self._finish_from_exit(run, final, sandbox.memory_bytes)
         except asyncio.CancelledError:
             raise  # shutdown: the row stays as it is and the next process picks it up
         except Exception as exc:
@@ -537,7 +545,7 @@ class JobService:
             run.add(event.stream, event.data)
         return None
 
-    async def _finish_from_exit(self, run: JobRun, final: Exit) -> None:
+    async def _finish_from_exit(self, run: JobRun, final: Exit, memory_bytes: int) -> None:
         timeout = run.record.request.timeout_seconds
         exit_code = final.exit_code
         if exit_code is None and final.signal is not None:
@@ -550,6 +558,8 @@ class JobService:
             # as the error and as the last line of stderr.
             exit_code = TIMEOUT_EXIT_CODE
             error = error or f"Command timed out after {timeout}s"
+        elif final.oom_killed:
+            error = error or command_oom_reason(memory_bytes)
         elif error is None and final.signal is not None:
             error = f"killed by signal {final.signal}"
         succeeded = final.exit_code == 0 and error is None
@@ -563,6 +573,7 @@ class JobService:
             error=error,
             timed_out=final.timed_out,
             cancelled=final.cancelled,
+            oom_killed=final.oom_killed,
             truncated=final.truncated,
         )
 

@@ -214,6 +214,7 @@ class JobRecord(BaseModel):
     error: str | None = None
     timed_out: bool = False
     cancelled: bool = False
+    oom_killed: bool = False
     truncated: bool = False
 
     def to_job(self) -> Job:
@@ -231,6 +232,7 @@ class JobRecord(BaseModel):
             error=self.error,
             timed_out=self.timed_out,
             cancelled=self.cancelled,
+            oom_killed=self.oom_killed,
             truncated=self.truncated,
         )
 

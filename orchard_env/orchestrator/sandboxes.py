@@ -99,6 +99,14 @@ def new_sandbox_id() -> str:
     return "sb-" + secrets.token_hex(6)
 
 
+def command_oom_reason(memory_bytes: int) -> str:
+    """A job's error when the OOM killer ended its command (the sandbox lives on)."""
+    return (
+        "OOMKilled: the command was killed for using more than the sandbox's memory limit of "
+        f"{format_memory(memory_bytes)}; give it more with `memory` at create"
+    )
+
+
 def dead_reason(found: BackendSandbox, memory_bytes: int) -> str:
     """Why a sandbox's container stopped; an out-of-memory kill says so, with the limit."""
     if found.reason is not None and found.reason.startswith("OOMKilled"):
@@ -313,31 +321,31 @@ class SandboxService:
         key's own, else the service's per-key defaults). Sandboxes waiting in warm pools count
         toward the service's cap (they run) but toward no key's; ``caller`` None is a pool
         filling itself; a ``claim`` from a pool adds nothing to the service, only to the key."""
-        live = [record for record in await self.store.list_sandboxes(pooled=True) if record.live]
+        owner = None if caller is None or caller.admin else caller.owner  # None: no key limits
+        usage = await self.store.live_usage(owner)
         cap = self.settings.max_sandboxes
-        if not claim and len(live) + count > cap:
+        if not claim and usage.live + count > cap:
             raise QuotaExceeded(
                 f"this service runs at most {cap} live sandboxes (max_sandboxes) and "
-                f"{len(live)} are live; {count} more do not fit",
+                f"{usage.live} are live; {count} more do not fit",
                 hint="delete sandboxes no longer needed, or raise ORCHARD_MAX_SANDBOXES",
             )
-        if caller is None or caller.admin or caller.key_id is None:
+        if caller is None or owner is None:
             return
-        mine = [record for record in live if record.pool is None and record.owner == caller.owner]
         quota = caller.quota
         hint = (
             "delete sandboxes no longer needed, or ask an admin for a key with a larger quota "
             "(`orchard keys create --max-sandboxes/--max-cpu/--max-memory`)"
         )
         most = quota.max_sandboxes or self.settings.key_max_sandboxes
-        if len(mine) + count > most:
+        if usage.owned + count > most:
             raise QuotaExceeded(
                 f"key {caller.key_id} may have at most {most} live sandboxes (max_sandboxes) "
-                f"and has {len(mine)}; {count} more do not fit",
+                f"and has {usage.owned}; {count} more do not fit",
                 hint=hint,
             )
         most_cpu = quota.max_cpu or self.settings.key_max_cpu
-        used_cpu = sum(record.cpu for record in mine)
+        used_cpu = usage.cpu
         if used_cpu + count * cpu > most_cpu + 1e-9:
             raise QuotaExceeded(
                 f"key {caller.key_id} may use at most {most_cpu:g} CPU cores (max_cpu); its "
@@ -347,7 +355,7 @@ class SandboxService:
         most_memory = (
             parse_memory(quota.max_memory) if quota.max_memory else self.settings.key_max_memory
         )
-        used_memory = sum(record.memory_bytes for record in mine)
+        used_memory = usage.memory_bytes
         if used_memory + count * memory > most_memory:
             raise QuotaExceeded(
                 f"key {caller.key_id} may use at most {format_memory(most_memory)} of memory "
@@ -429,8 +437,7 @@ class SandboxService:
             if caller is not None:
                 await self.store.open_usage(record.usage_row(record.created_at))
             found = await self._create_container(record)
-            if record.model_gateway is not None:
-                await self.gateway.attach(sandbox_id, record.model_gateway)
+            await self._serve_gateway(record.model_copy(update={"agent": found.agent}))
             record = await self._started(record, found)
         finally:
             self._creating.discard(sandbox_id)
@@ -507,11 +514,6 @@ class SandboxService:
     def _gateway_record(self, spec: ModelGatewaySpec | None) -> GatewayRecord | None:
         if spec is None:
             return None
-        if self.backend.name != "docker":
-            raise InvalidRequest(
-                f"model_gateway: not available on the {self.backend.name} backend yet",
-                hint="leave model_gateway out, or use the local engine backend",
-            )
         endpoints = self.gateway.endpoints
         openai = endpoints.pick("openai", spec.openai)
         anthropic = endpoints.pick("anthropic", spec.anthropic)
@@ -531,6 +533,21 @@ class SandboxService:
             max_tokens=spec.max_tokens,
             dummy_key="orchard-" + secrets.token_hex(16),
         )
+
+    async def _serve_gateway(self, record: SandboxRecord) -> None:
+        """Serve a sandbox's model gateway: on its socket from the start where its agent is
+        on a unix socket (the local engine); where its agent is on TCP and cannot dial out
+        (Kubernetes), over connections parked at the agent, once it is enrolled (ready)."""
+        config, agent = record.model_gateway, record.agent
+        if config is None or agent is None:
+            return
+        sandbox_id = record.sandbox_id
+        if agent.uds is not None:
+            await self.gateway.attach(sandbox_id, config)
+        elif record.status == SandboxStatus.READY:
+            await self.gateway.attach_parked(
+                sandbox_id, config, agent, lambda error: self.agents.tampered(sandbox_id, error)
+            )
 
     async def set_trajectory(
         self, sandbox_id: str, caller: Caller, trajectory_id: str
@@ -646,7 +663,7 @@ class SandboxService:
                         last_error = str(exc) or type(exc).__name__
                     else:
                         # An unschedulable reason is over; a note from adoption stays.
-                        await self._transition(
+                        ready = await self._transition(
                             sandbox_id,
                             (SandboxStatus.PENDING, SandboxStatus.UNSCHEDULABLE),
                             status=SandboxStatus.READY,
@@ -654,6 +671,8 @@ class SandboxService:
                             if record.status == SandboxStatus.PENDING
                             else None,
                         )
+                        if ready is not None:
+                            await self._serve_gateway(ready)
                         return
                 if await self._check_container(record):
                     return
@@ -906,9 +925,9 @@ class SandboxService:
             await self.end(record.sandbox_id, SandboxStatus.FAILED, reason)
             return
         if found.agent is not None and found.agent != record.agent:
-            await self._transition(record.sandbox_id, LIVE_STATUSES, agent=found.agent)
-        if record.model_gateway is not None:
-            await self.gateway.attach(record.sandbox_id, record.model_gateway)
+            changed = await self._transition(record.sandbox_id, LIVE_STATUSES, agent=found.agent)
+            record = changed or record
+        await self._serve_gateway(record)
         if record.status != SandboxStatus.READY:
             self._start_readiness(record.sandbox_id, self.settings.ready_timeout_seconds)
 

@@ -14,6 +14,7 @@ import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from orchard_env.config import ServiceSettings
 from orchard_env.errors import ConfigError
 from orchard_env.orchestrator.records import (
+    LIVE_STATUSES,
     JobRecord,
     KeyRecord,
     PoolRecord,
@@ -38,6 +40,18 @@ M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger(__name__)
 
 DONE_JOB_STATUSES = tuple(s.value for s in JobStatus if s.done)
+_LIVE = tuple(sorted(s.value for s in LIVE_STATUSES))
+
+
+@dataclass(frozen=True)
+class LiveUsage:
+    """What quotas count: the service's live sandboxes (warm pools' included) and, of one
+    owner, the live sandboxes outside pools with their cores and memory."""
+
+    live: int
+    owned: int = 0
+    cpu: float = 0.0
+    memory_bytes: int = 0
 
 
 class Store(Protocol):
@@ -75,6 +89,11 @@ class Store(Protocol):
 
     async def first_pooled(self, pool: str) -> SandboxRecord | None:
         """The ready sandbox that has waited longest in ``pool``, if any."""
+        ...
+
+    async def live_usage(self, owner: str | None) -> LiveUsage:
+        """Counted in the store, without reading a record: its cost does not grow with the
+        number of sandboxes as reading them all would (``owner`` None: the service's alone)."""
         ...
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
@@ -325,6 +344,10 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX model_calls_sandbox ON model_calls(sandbox_id, id);
     CREATE INDEX model_calls_trajectory ON model_calls(sandbox_id, trajectory_id, seq);
     """,
+    # 8: jobs ended by the OOM killer say so
+    """
+    ALTER TABLE jobs ADD COLUMN oom_killed INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 
 
@@ -347,7 +370,7 @@ def _opt_dt(value: str | None) -> datetime | None:
 
 _JOB_COLUMNS = (
     "job_id, scope, sandbox_id, owner, status, command, request, created_at, started_at, "
-    "completed_at, stdout, stderr, exit_code, timed_out, cancelled, truncated, error"
+    "completed_at, stdout, stderr, exit_code, timed_out, cancelled, truncated, error, oom_killed"
 )
 _JOB_VALUES = "VALUES (" + ", ".join("?" for _ in _JOB_COLUMNS.split(",")) + ")"
 
@@ -371,6 +394,7 @@ def _job_params(r: JobRecord) -> tuple[Any, ...]:
         int(r.cancelled),
         int(r.truncated),
         r.error,
+        int(r.oom_killed),
     )
 
 
@@ -415,6 +439,7 @@ def _job_from_row(row: sqlite3.Row) -> JobRecord:
         cancelled=bool(row["cancelled"]),
         truncated=bool(row["truncated"]),
         error=row["error"],
+        oom_killed=bool(row["oom_killed"]),
     )
 
 
@@ -642,6 +667,25 @@ class SQLiteStore:
 
     async def first_pooled(self, pool: str) -> SandboxRecord | None:
         return await self._call(self._first_pooled, pool)
+
+    async def live_usage(self, owner: str | None) -> LiveUsage:
+        return await self._call(self._live_usage, owner)
+
+    def _live_usage(self, owner: str | None) -> LiveUsage:
+        marks = ", ".join("?" * len(_LIVE))
+        (live,) = self._db.execute(
+            f"SELECT COUNT(*) FROM sandboxes WHERE status IN ({marks})",  # noqa: S608 - marks
+            _LIVE,
+        ).fetchone()
+        if owner is None:
+            return LiveUsage(live)
+        owned, cpu, memory = self._db.execute(
+            "SELECT COUNT(*), TOTAL(json_extract(record, '$.cpu')), "  # noqa: S608 - marks
+            "TOTAL(json_extract(record, '$.memory_bytes')) FROM sandboxes "
+            f"WHERE owner = ? AND pool IS NULL AND status IN ({marks})",
+            (owner, *_LIVE),
+        ).fetchone()
+        return LiveUsage(live, owned, cpu, int(memory))
 
     def _first_pooled(self, pool: str) -> SandboxRecord | None:
         row = self._db.execute(

@@ -289,7 +289,8 @@ class PtyProcess(_ProcessView):
                 self._cond.wait(remaining)
 
     def kill(self, sig: str = "KILL") -> None:
-        """Signal the process group (TERM, KILL, INT, HUP, QUIT); no-op once it has exited."""
+        """Signal the process group (TERM, INT, HUP, QUIT); KILL kills everything the process
+        started, ``setsid`` descendants included. A no-op once it has exited."""
         self._send(_signal_frame(sig), quiet=True)
 
     def resize(self, rows: int, cols: int) -> None:

@@ -53,8 +53,8 @@ class ExecResult(protocol.Job):
     """A command's run, like :class:`subprocess.CompletedProcess` (alias ``JobResult``).
 
     ``status`` is one of queued, running, succeeded, failed (upstream's four); a failed run
-    says why in ``timed_out``, ``cancelled`` and ``error``. A result from ``exec(wait=False)``
-    may still be queued or running: ``is_complete`` says.
+    says why in ``timed_out``, ``cancelled``, ``oom_killed`` and ``error``. A result from
+    ``exec(wait=False)`` may still be queued or running: ``is_complete`` says.
     """
 
     _timeout_seconds: int | None = PrivateAttr(default=None)

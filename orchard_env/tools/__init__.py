@@ -16,6 +16,10 @@ from orchard_env import errors
 
 TOOLS_MOUNT = "/opt/sandbox-tools"
 TOOLS_BIN = f"{TOOLS_MOUNT}/bin"
+# The payload's profile.sh (bin/ appended to PATH), mounted where login shells source it, so a
+# ``bash -l`` a command starts finds the harnesses too (upstream links it there).
+TOOLS_PROFILE = "profile.sh"
+PROFILE_TARGET = "/etc/profile.d/sandbox-tools.sh"
 # The environment variable the agent reads to append the payload's bin/ to PATH.
 TOOLS_ENV = "ORCHARD_AGENT_TOOLS_BIN"
 HARNESSES = ("codex", "claude", "opencode", "pi", "hermes")

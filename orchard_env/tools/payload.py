@@ -35,7 +35,7 @@ from pathlib import Path
 
 from orchard_env import errors
 from orchard_env.agent.bundle import build_bundle, find_python
-from orchard_env.tools import HARNESSES, TOOLS_BIN, VERSIONS, check_harnesses
+from orchard_env.tools import HARNESSES, TOOLS_BIN, TOOLS_PROFILE, VERSIONS, check_harnesses
 from orchard_env.tools.launchers import (
     ENTRIES,
     PROFILE_SH,
@@ -429,7 +429,7 @@ def _write_launchers(out: Path, harnesses: Sequence[str]) -> None:
         path = out / "bin" / name
         path.write_text(launcher(name, INTERP, LOADER))
         path.chmod(0o755)
-    (out / "profile.sh").write_text(PROFILE_SH.format(bin=TOOLS_BIN))
+    (out / TOOLS_PROFILE).write_text(PROFILE_SH.format(bin=TOOLS_BIN))
 
 
 def _write_versions(out: Path, home: Path, harnesses: Sequence[str]) -> None:

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from orchard_env import errors
-from orchard_env.tools import TOOLS_MOUNT
+from orchard_env.tools import PROFILE_TARGET, TOOLS_MOUNT, TOOLS_PROFILE
 from orchard_env.tools.payload import MANIFEST
 
 SHARED = ("glibc", "bash")  # folders every harness may need (loader, static bash)
@@ -42,7 +42,7 @@ def _make_view(payload: Path, harnesses: tuple[str, ...], dest: Path) -> None:
         lines = (payload / "VERSIONS").read_text().splitlines()
         kept = [line for line in lines if line.split(" ", 1)[0] in harnesses]
         (tmp / "VERSIONS").write_text("".join(f"{line}\n" for line in kept))
-        for name in ("profile.sh", MANIFEST):
+        for name in (TOOLS_PROFILE, MANIFEST):
             shutil.copy2(payload / name, tmp / name)
         for path in (tmp, *tmp.rglob("*")):
             if path.is_dir():
@@ -57,13 +57,19 @@ def _make_view(payload: Path, harnesses: tuple[str, ...], dest: Path) -> None:
 
 
 def tool_mounts(payload: Path, harnesses: tuple[str, ...]) -> list[tuple[str, Path]]:
-    """``(path in the sandbox, host path)`` pairs to bind read-only, in mount order."""
+    """``(path in the sandbox, host path)`` pairs to bind read-only, in mount order; the last
+    one puts the payload's profile script where login shells source it."""
+    profile = (PROFILE_TARGET, payload / TOOLS_PROFILE)
     if harnesses == payload_harnesses(payload):
-        return [(TOOLS_MOUNT, payload)]
+        return [(TOOLS_MOUNT, payload), profile]
     views = payload.parent / f"{payload.name}.views"
     views.mkdir(exist_ok=True)
     view = views / "-".join(harnesses)
     if not view.is_dir():
         _make_view(payload, harnesses, view)
     folders = [f for f in (*harnesses, *SHARED) if (payload / f).is_dir()]
-    return [(TOOLS_MOUNT, view)] + [(f"{TOOLS_MOUNT}/{f}", payload / f) for f in folders]
+    return [
+        (TOOLS_MOUNT, view),
+        *((f"{TOOLS_MOUNT}/{f}", payload / f) for f in folders),
+        profile,
+    ]

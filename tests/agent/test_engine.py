@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 import shutil
 import tempfile
 import time
@@ -22,7 +23,7 @@ from orchard_env.agent.bundle import BUNDLE_MOUNT, RUN_DIR_MOUNT, SOCKET_NAME, l
 from orchard_env.agent.client import AgentClient
 from orchard_env.orchestrator.backends.docker_engine import LABEL_CREATED_BY, LABEL_INSTANCE
 from tests.agent.conftest import TOKEN, collect
-from tests.agent.test_pty import session, until_exit
+from tests.agent.test_pty import read_until, session, until_exit
 
 pytestmark = pytest.mark.engine
 
@@ -122,21 +123,60 @@ async def test_timeout_kills_the_tree_and_the_agent_reaps_as_pid_1(
     assert b"/agent\0--listen" in init.stdout
 
 
+# A double-forked ``setsid`` process: a session (and process group) of its own, its pid printed
+# (as ``escaped:<pid>:done``, which a terminal's echo of the typed line does not contain).
+ESCAPE = "(setsid sleep 300 >/dev/null 2>&1 & printf 'escaped:%s:done\\n' $!)"
+
+
+def escaped_pid(output: bytes) -> int:
+    found = re.search(rb"escaped:(\d+):done", output)
+    assert found is not None, output
+    return int(found[1])
+
+
+async def assert_gone(agent: AgentClient, pid: int, what: str) -> None:
+    for _ in range(200):
+        alive = await collect(agent.exec(f"ps-{time.monotonic_ns()}", f"test -e /proc/{pid}"))
+        if alive.exit.exit_code != 0:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the setsid orphan {pid} survived {what}")
+
+
 async def test_timeout_kills_setsid_descendants_in_busybox(agent_in_busybox: AgentClient) -> None:
     """The bundled agent (ctypes for prctl included) makes each command a subreaper in any
     image: a double-forked ``setsid`` orphan is still killed with its command."""
     agent = agent_in_busybox
-    escape = "(setsid sleep 300 >/dev/null 2>&1 & echo $!); sleep 300"
-    result = await collect(agent.exec("escape", escape, timeout=2))
+    result = await collect(agent.exec("escape", f"{ESCAPE}; sleep 300", timeout=2))
     assert result.exit.timed_out
-    orphan = int(result.stdout)
-    for _ in range(200):
-        alive = await collect(agent.exec(f"ps-{time.monotonic_ns()}", f"test -e /proc/{orphan}"))
-        if alive.exit.exit_code != 0:
-            break
-        await asyncio.sleep(0.02)
-    else:
-        raise AssertionError(f"the setsid orphan {orphan} survived its command's timeout")
+    await assert_gone(agent, escaped_pid(result.stdout), "its command's timeout")
+
+
+@pytest.mark.parametrize("end", ["kill", "close", "disconnect"])
+async def test_ending_a_pty_session_kills_its_setsid_descendants(
+    agent_in_busybox: AgentClient, end: str
+) -> None:
+    """A process a terminal's shell started with ``setsid`` is outside the session's process
+    group; killing the session (``KILL``, the grace after ``close``, a disconnect) kills it
+    too, as a job's timeout does."""
+    agent = agent_in_busybox
+    async with session(agent, cmd=["/bin/sh"]) as pty:
+        await pty.send(
+            {"type": "stdin", "data": base64.b64encode(ESCAPE.encode() + b"\n").decode()}
+        )
+        orphan = escaped_pid(await read_until(pty, b":done\r\n"))
+        stat = await collect(agent.exec("stat", ["cat", f"/proc/{orphan}/stat"]))
+        pgid = int(stat.stdout.rsplit(b")", 1)[1].split()[2])
+        assert pgid == orphan  # its own group: a signal to the shell's group misses it
+        if end == "kill":
+            await pty.send({"type": "signal", "sig": "KILL"})
+            _, exit_frame = await until_exit(pty)
+            assert exit_frame["code"] == -9
+        elif end == "close":
+            await pty.send({"type": "close"})  # the interactive shell ignores TERM
+            _, exit_frame = await until_exit(pty, limit=30)
+            assert exit_frame["code"] == -9
+    await assert_gone(agent, orphan, f"its PTY session's end ({end})")
 
 
 @pytest.mark.parametrize("user", ["65534:65534"])

@@ -1,4 +1,4 @@
-"""`orchard pool …` and `orchard bench create --pool` against a real orchestrator (the
+"""`orchard pool …` and `orchard bench create --pool|--tools` against a real orchestrator (the
 service-tier fake backend)."""
 
 from __future__ import annotations
@@ -56,3 +56,16 @@ def test_bench_create_with_a_pool_reports_cold_and_pooled(orchard: Callable[...,
     assert stats["create + first exec (from a warm pool)"]["n"] == 2
     assert result["figures"]["pooled samples not served by the pool"] == 0
     assert pool_json(orchard) == []  # the run's pool is removed afterwards
+
+
+def test_bench_create_with_tools_alternates_with_and_without(
+    orchard: Callable[..., Result],
+) -> None:
+    result = json.loads(ok(orchard("bench", "create", "--tools", "--n", "2", "--json")))
+    stats = result["stats_ms"]
+    assert stats["create + first exec (every harness mounted)"]["n"] == 2
+    assert stats["create + first exec (tools: false)"]["n"] == 2
+    assert result["figures"]["ratio p50 (harnesses / none)"] > 0
+    both = orchard("bench", "create", "--tools", "--pool")
+    assert both.exit_code == 1
+    assert str(both.exception) == "measure the pool or the tools payload, not both in one run"

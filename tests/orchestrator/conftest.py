@@ -19,7 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 from websockets.asyncio.client import unix_connect
 
-from orchard_env.config import SERVICE_SETTINGS, ServiceSettings
+from orchard_env.config import ServiceSettings, default_service_settings
 from orchard_env.orchestrator.app import create_app
 from orchard_env.orchestrator.keys import create_key
 from orchard_env.orchestrator.services import Orchard
@@ -46,11 +46,9 @@ class FakeClock:
 
 def make_settings(state_dir: Path, **overrides: Any) -> ServiceSettings:
     """Hermetic settings: the table's defaults (no env, no config file) plus ``overrides``."""
-    values: dict[str, Any] = {s.key: None for s in SERVICE_SETTINGS}
-    values.update({s.key: s.parse(s.default) for s in SERVICE_SETTINGS if s.default is not None})
-    values.update(state_dir=state_dir, instance="test", ready_timeout_seconds=20)
-    values.update(overrides)
-    return ServiceSettings(**values)
+    return default_service_settings(
+        **{"state_dir": state_dir, "instance": "test", "ready_timeout_seconds": 20, **overrides}
+    )
 
 
 @dataclass

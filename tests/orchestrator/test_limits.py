@@ -115,6 +115,16 @@ async def test_exec_snapshot_and_restore_bounds(service: Service) -> None:
         assert_invalid(await service.http.post(path, json=body), needle)
 
 
+async def test_the_model_call_cursor_is_bounded(service: Service) -> None:
+    sandbox_id = (await service.create())["sandbox_id"]
+    calls = f"/sandboxes/{sandbox_id}/model-calls"
+    past = await service.http.get(calls, params={"after": 2**63})  # SQLite's integers end here
+    assert_invalid(past, "after")
+    last = await service.http.get(calls, params={"after": 2**63 - 1})
+    assert last.status_code == 200, last.text
+    assert last.json()["calls"] == []
+
+
 def poisoned_records(clock: FakeClock) -> list[tuple[str, str]]:
     """(id, stored JSON) of records no API call could write: an absurd TTL, timestamps without
     a timezone, and a row that is not a sandbox record at all."""

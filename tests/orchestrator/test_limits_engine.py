@@ -5,11 +5,14 @@ the service keeps answering everyone."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import httpx
 import pytest
 
@@ -125,4 +128,55 @@ def test_file_and_exec_attacks_on_a_real_sandbox(
     restored = http.post(f"/snapshots/{snapshot.json()['snapshot_id']}/restore")
     refused(restored, "workdir '/workspace' is not a directory")
     assert http.delete(f"/snapshots/{snapshot.json()['snapshot_id']}").status_code == 200
+    assert http.delete(base).status_code == 200
+
+
+def _engine_can_limit_disk(client: docker.DockerClient) -> tuple[bool, str]:
+    info = client.info()
+    status = {str(k): str(v) for k, v in info.get("DriverStatus") or []}
+    driver, backing = str(info.get("Driver")), status.get("Backing Filesystem", "")
+    capable = driver in ("btrfs", "zfs") or (driver.startswith("overlay") and backing == "xfs")
+    return capable, f"storage driver {driver} on {backing or 'an unknown file system'}"
+
+
+def test_a_sandbox_cannot_fill_the_disk(
+    http: httpx.Client, busybox_image: str, docker_client: docker.DockerClient
+) -> None:
+    capable, storage = _engine_can_limit_disk(docker_client)
+    created = http.post(
+        "/sandboxes", json={"image": busybox_image, "disk": "100Mi", "ttl_seconds": 600}
+    )
+    if not capable:  # overlay on ext4: refused, never ignored
+        refused(
+            created,
+            f"disk cannot be limited on this engine: its {storage} cannot cap a container's "
+            "disk, and Orchard refuses a limit it cannot enforce",
+        )
+        return
+    assert created.status_code == 201, created.text
+    sandbox_id = created.json()["sandbox_id"]
+    assert http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60}).json()["ready"]
+    base = f"/sandboxes/{sandbox_id}"
+
+    def run(command: str) -> dict[str, Any]:
+        body = {"command": command, "wait": True, "timeout_seconds": 120}
+        done = http.post(f"{base}/exec", json=body)
+        assert done.status_code == 200, done.text
+        return dict(done.json())
+
+    host_free = shutil.disk_usage("/").free
+    # 1 GiB, into the image's tree and into /tmp: both are the container's own layer.
+    flood = run("dd if=/dev/zero of=/big bs=1M count=1024; dd if=/dev/zero of=/tmp/big bs=1M")
+    assert flood["exit_code"] != 0, flood
+    assert re.search("Disk quota exceeded|No space left on device", flood["stderr"]), flood
+    written = run("du -sk /big /tmp/big | cut -f1")["stdout"].split()
+    # 100 MiB, and the margin a btrfs limit gets for the image's metadata (busybox: 2 MiB).
+    assert 90 * 1024 < sum(int(kib) for kib in written) < 104 * 1024, written
+    # The host's disk did not take the gigabyte (other work on the machine may move it a
+    # little either way).
+    assert host_free - shutil.disk_usage("/").free < 512 * 1024**2
+    # The sandbox and its agent still work, and space freed is space again.
+    again = run("rm -f /big /tmp/big && dd if=/dev/zero of=/small bs=1M count=50 && echo ok")
+    assert again["exit_code"] == 0 and again["stdout"] == "ok\n", again
+    assert http.get(base).json()["status"] == "ready"
     assert http.delete(base).status_code == 200

@@ -12,7 +12,7 @@ import pytest
 
 from orchard_env.errors import ConfigError
 from orchard_env.orchestrator.records import JobRecord, SandboxRecord, UsageRow
-from orchard_env.orchestrator.store import _MIGRATIONS, SQLiteStore
+from orchard_env.orchestrator.store import _MIGRATIONS, LiveUsage, SQLiteStore
 from orchard_env.protocol import ExecRequest, JobStatus, SandboxStatus
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -175,3 +175,22 @@ async def test_job_ids_of_a_version_3_database_get_the_scope_of_their_sandboxs_o
         assert [job.scope for job in await store.find_jobs("a")] == ["k-alice", "k-bob"]
     finally:
         await store.close()
+
+
+async def test_live_usage_counts_what_quotas_count(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "orchard.db")
+    await store.open()
+    rows = [
+        sandbox("a1").model_copy(update={"owner": "a", "cpu": 0.5}),
+        sandbox("a2", SandboxStatus.PENDING).model_copy(update={"owner": "a", "cpu": 2.0}),
+        sandbox("a-gone", SandboxStatus.DELETED).model_copy(update={"owner": "a"}),
+        sandbox("a-failed", SandboxStatus.FAILED).model_copy(update={"owner": "a"}),
+        sandbox("pooled").model_copy(update={"owner": "a", "pool": "warm"}),
+        sandbox("b1", SandboxStatus.UNSCHEDULABLE).model_copy(update={"owner": "b"}),
+    ]
+    for record in rows:
+        await store.put_sandbox(record)
+    assert await store.live_usage(None) == LiveUsage(live=4)
+    assert await store.live_usage("a") == LiveUsage(4, 2, 2.5, 2 * 1024**3)
+    assert await store.live_usage("c") == LiveUsage(4, 0, 0.0, 0)
+    await store.close()

@@ -9,6 +9,7 @@ image with no Python and no bash at all. Paths are the real ``/workspace`` of a 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from orchard_env import errors
 from orchard_env.config import ServiceSettings, service_settings
 from orchard_env.sdk import AsyncSandboxClient, SandboxClient
+from tests.cli.conftest import run_orchard
 from tests.servers import Live, live_service
 
 pytestmark = pytest.mark.engine
@@ -213,3 +215,37 @@ async def test_output_floods_leave_the_agent_alive(
             result = await small.exec(flood.format(word="small", size=17_000_000))
             assert result.succeeded and result.stdout.endswith("END\n"), result.error
             assert (await small.exec("echo alive")).stdout == "alive\n"
+
+
+def test_a_command_over_the_memory_limit_is_reported_oom_killed(
+    orchard: Live, busybox_image: str, tmp_path: Path
+) -> None:
+    """The kernel kills the command, the sandbox lives on, and the job (SDK and CLI) says why."""
+    url, key = orchard
+    oom = (
+        "OOMKilled: the command was killed for using more than the sandbox's memory limit "
+        "of 64Mi; give it more with `memory` at create"
+    )
+    hog = "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo kept"
+    with (
+        SandboxClient(base_url=url, api_key=key) as client,
+        client.create_sandbox(busybox_image, memory="64Mi") as sandbox,
+    ):
+        result = sandbox.exec(hog, timeout=120)
+        assert (result.status, result.oom_killed, result.exit_code) == ("failed", True, -9)
+        assert result.error == oom
+        with pytest.raises(errors.CommandFailed) as caught:
+            result.check_returncode()
+        assert caught.value.message.startswith(
+            f"command {hog!r} (job {result.job_id}) exited with code -9: OOMKilled: "
+        )
+        env = {
+            **os.environ,
+            "ORCHARD_URL": url,
+            "ORCHARD_API_KEY": key,
+            "ORCHARD_CONFIG": str(tmp_path / "none.toml"),
+        }
+        cli = run_orchard("sandbox", "exec", sandbox.sandbox_id, "--", hog, env=env)
+        assert (cli.returncode, cli.stderr.decode().strip()) == (137, oom)
+        again = sandbox.exec("echo alive")
+        assert (again.stdout, again.oom_killed) == ("alive\n", False)

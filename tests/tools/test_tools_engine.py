@@ -96,6 +96,12 @@ def test_every_harness_reports_its_version_via_path(
         assert path.endswith(":/opt/sandbox-tools/bin")
         assert path.split(":")[0] == "/usr/local/sbin"  # the image's own PATH comes first
         assert "/opt/sandbox-tools/bin" in sandbox.exec("echo $PATH", login_shell=True).stdout
+        if image_fixture == "sandbox_image":
+            # A login shell a command starts itself (Debian's /etc/profile sets PATH anew)
+            # and a plain one: the payload's profile script is where login shells source it.
+            for shell in ("bash -lc", "bash -c", "sh -lc"):
+                found = sandbox.exec(f"{shell} 'command -v codex'")
+                assert found.stdout == "/opt/sandbox-tools/bin/codex\n", (shell, found.stderr)
         # A process the agent did not start (the engine's exec, PID 1's environment) finds
         # them too: upstream's "reachable from kubectl exec" check.
         outside = sandbox.exec(
@@ -164,6 +170,13 @@ def test_snapshot_leaves_the_payload_out_and_restore_mounts_it(
             network_mode="none",
         )
         assert inside.decode().strip() == "0"
+        profile = docker_client.containers.run(
+            snap.image,
+            entrypoint=["/bin/sh", "-c", "[ -s /etc/profile.d/sandbox-tools.sh ] || echo empty"],
+            remove=True,
+            network_mode="none",
+        )
+        assert profile == b"empty\n"  # at most its empty mount point
         with client.restore(snap.snapshot_id) as restored:
             assert restored.exec("cat /workspace/state.txt").stdout == "kept\n"
             again = restored.exec("codex --version", env={"HOME": "/root"})

@@ -7,12 +7,13 @@ import asyncio
 import base64
 import json
 import os
+import signal
 import subprocess
 import time
 
 from .fdio import write_fd
 from .http import HTTPError
-from .procs import Processes, build_argv, exit_fields, kill_tree, spawn_failure
+from .procs import Processes, build_argv, exit_fields, kill_tree, oom_kills, spawn_failure
 from .spool import Budget, EventLog, TailRing, spool_dir
 
 DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024  # per stream, when the request names no cap
@@ -117,6 +118,7 @@ class Job:
         self.done = False
         self.finished_at = 0.0
         self.pgid: int | None = None
+        self._oom_kills_before: int | None = None
         self._exited: asyncio.Future[int] | None = None
         self._changed: asyncio.Event | None = None
         self._fds: list[int | None] = [None, None]
@@ -179,6 +181,7 @@ class Job:
         exit_code: int | None = None,
         sig: int | None = None,
         error: str | None = None,
+        oom_killed: bool = False,
     ) -> None:
         self._emit_tails()
         final = {
@@ -187,6 +190,7 @@ class Job:
             "signal": sig,
             "timed_out": self.timed_out,
             "cancelled": self.cancelled,
+            "oom_killed": oom_killed,
             "truncated": any(self.dropped),
             "dropped": self.dropped,
             "error": error,
@@ -223,6 +227,7 @@ class Job:
         argv = build_argv(command, login_shell, err_w)
         # An interactive login bash gets its stderr on err_w, and /dev/null until then.
         quiet = login_shell and argv[1] == "--login"
+        self._oom_kills_before = oom_kills()
         try:
             proc = subprocess.Popen(
                 argv,
@@ -310,7 +315,18 @@ class Job:
             if feeder is not None:
                 feeder.cancel()
         exit_code, sig = exit_fields(returncode)
-        self._finish(started, exit_code=exit_code, sig=sig)
+        self._finish(
+            started, exit_code=exit_code, sig=sig, oom_killed=self._oom_killed(exit_code, sig)
+        )
+
+    def _oom_killed(self, exit_code: int | None, sig: int | None) -> bool:
+        """The command ended by a SIGKILL the agent did not send (its own, or 137 from a
+        shell whose child it was) while the sandbox's cgroup counted a new OOM kill."""
+        killed = sig == signal.SIGKILL or exit_code == 128 + signal.SIGKILL
+        if not killed or self.timed_out or self.cancelled or self._oom_kills_before is None:
+            return False
+        after = oom_kills()
+        return after is not None and after > self._oom_kills_before
 
     def _drain_and_close(self) -> None:
         for index, fd in enumerate(self._fds):

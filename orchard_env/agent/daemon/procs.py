@@ -1,6 +1,6 @@
 """The processes the agent starts: their argv and environment, spawn failures as shell-like
-exit codes, the children it watches (reaped on SIGCHLD) and exposes to the OOM killer, and
-how a command's whole tree is killed."""
+exit codes, the children it watches (reaped on SIGCHLD) and exposes to the OOM killer (whose
+kills the sandbox's cgroup counts), and how a command's whole tree is killed."""
 
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ OOM_SCORE_BOOST = 500  # commands are this much likelier OOM victims than the ag
 
 class Processes:
     """The agent's children: a future per child for its return code, resolved from SIGCHLD
-    (:meth:`reap`), the process groups of PTY sessions, and background tasks."""
+    (:meth:`reap`), the first processes of PTY sessions, and background tasks."""
 
     def __init__(self) -> None:
         self.children: dict[int, tuple[subprocess.Popen[bytes], asyncio.Future[int]]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
-        self.pty_groups: set[int] = set()
+        self.pty_roots: set[int] = set()
         self.child_oom_score_adj = min(1000, read_oom_score_adj() + OOM_SCORE_BOOST)
 
     @functools.cached_property
@@ -236,6 +236,26 @@ def initial_environ() -> dict[str, str]:
         if sep and key:
             environ[os.fsdecode(key)] = os.fsdecode(value)
     return environ
+
+
+# Where the sandbox's memory cgroup counts its OOM kills: cgroup v2, then v1 (whose
+# memory.oom_control has an ``oom_kill`` line since Linux 4.13).
+OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+
+
+def oom_kills() -> int | None:
+    """How many processes the OOM killer has killed in the sandbox's memory cgroup so far;
+    None where no counter can be read (no limit, or not in a container)."""
+    for path in OOM_COUNTERS:
+        try:
+            with open(path) as source:
+                for line in source:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def read_oom_score_adj() -> int:

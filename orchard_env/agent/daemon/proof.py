@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 
 NONCE_HEADER = "X-Orchard-Nonce"
 BODY_HEADER = "X-Orchard-Body-Sha256"
@@ -40,6 +41,14 @@ def _mac(key: bytes, *parts: str) -> str:
 
 def request_mac(key: bytes, nonce: str, method: str, target: str, body: str) -> str:
     return _mac(key, "orchard-request", nonce, method, target, body)
+
+
+def sign(key: bytes, method: str, target: str, body: str) -> tuple[str, list[tuple[str, str]]]:
+    """(nonce, headers) authenticating one request to the agent: a fresh nonce and the MAC
+    over it, ``method``, ``target`` and ``body`` (the body's digest, or a proof kind)."""
+    nonce = os.urandom(16).hex()  # as secrets.token_hex, without importing random here
+    mac = request_mac(key, nonce, method, target, body)
+    return nonce, [(NONCE_HEADER, nonce), (BODY_HEADER, body), ("Authorization", f"{SCHEME} {mac}")]
 
 
 def response_mac(key: bytes, nonce: str, status: int, body: str) -> str:

@@ -1,5 +1,9 @@
 """PTY sessions: one command on a pseudo-terminal, driven by the JSON frames of a WebSocket
-(upstream's protocol: init, stdin, signal, resize, close; ready, stdout, exit, error)."""
+(upstream's protocol: init, stdin, signal, resize, close; ready, stdout, exit, error).
+
+A session's command is a child subreaper like a job's: killing the session (a ``KILL``
+signal frame, the end of the grace after ``close``, a disconnect) kills its whole tree,
+``setsid`` and ``nohup`` descendants included, not only its process group."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from collections.abc import Callable
 
 from .fdio import wait_fd, write_fd
 from .http import HTTPError, Request, decode_b64, invalid, string_map
-from .procs import Processes, build_argv, signal_group, spawn_failure
+from .procs import Processes, build_argv, kill_tree, signal_group, spawn_failure
 from .websocket import WebSocket, accept
 
 PTY_INIT_TIMEOUT = 10.0
@@ -106,7 +110,7 @@ class PtySession:
                 stdout=slave,
                 stderr=slave,
                 start_new_session=True,
-                preexec_fn=take_controlling_tty,  # the agent runs no threads
+                preexec_fn=self._preexec(),  # the agent runs no threads
             )
         except BaseException:
             os.close(master)
@@ -118,7 +122,27 @@ class PtySession:
         self.pid = proc.pid
         self.procs.expose_to_oom_killer(proc.pid)
         self.exited = self.procs.watch_child(proc)
-        self.procs.pty_groups.add(proc.pid)
+        self.procs.pty_roots.add(proc.pid)
+
+    def _preexec(self) -> Callable[[], None]:
+        """In the child: take the terminal, and become a subreaper as a job's command does."""
+        become_subreaper = self.procs.preexec
+
+        def preexec() -> None:
+            take_controlling_tty()
+            if become_subreaper is not None:
+                become_subreaper()
+
+        return preexec
+
+    def kill(self) -> None:
+        """SIGKILL everything the session's command started while it runs (:func:`kill_tree`);
+        once it has exited (and been reaped: its pid may be reused), only its group."""
+        self.procs.reap()
+        if self.exited is not None and not self.exited.done():
+            kill_tree(self.pid)
+        else:
+            signal_group(self.pid, signal.SIGKILL)
 
     async def run(self) -> None:
         assert self.exited is not None
@@ -141,8 +165,8 @@ class PtySession:
             pump.cancel()
             if self.kill_timer is not None:
                 self.kill_timer.cancel()
-            signal_group(self.pid, signal.SIGKILL)
-            self.procs.pty_groups.discard(self.pid)
+            self.kill()
+            self.procs.pty_roots.discard(self.pid)
             os.close(self.master)
 
     async def _pump(self) -> None:
@@ -177,7 +201,10 @@ class PtySession:
                     name = str(message.get("sig", "")).upper().removeprefix("SIG")
                     if name not in PTY_SIGNALS:
                         raise invalid(f"unknown signal {message.get('sig')!r}")
-                    signal_group(self.pid, PTY_SIGNALS[name])
+                    if name == "KILL":
+                        self.kill()
+                    else:
+                        signal_group(self.pid, PTY_SIGNALS[name])
                 elif kind == "resize":
                     rows, cols = message.get("rows"), message.get("cols")
                     if not all(isinstance(v, int) and 1 <= v <= 1000 for v in (rows, cols)):
@@ -186,9 +213,7 @@ class PtySession:
                 elif kind == "close":
                     signal_group(self.pid, signal.SIGTERM)
                     if self.kill_timer is None:
-                        self.kill_timer = loop.call_later(
-                            PTY_CLOSE_GRACE, signal_group, self.pid, signal.SIGKILL
-                        )
+                        self.kill_timer = loop.call_later(PTY_CLOSE_GRACE, self.kill)
                 else:
                     raise invalid(f"unknown frame type {kind!r}")
             except HTTPError as exc:

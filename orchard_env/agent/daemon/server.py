@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import files, proof
 from .http import (
@@ -25,7 +25,10 @@ from .http import (
     string_map,
 )
 from .jobs import DEFAULT_MAX_OUTPUT, Job, JobTable
-from .procs import Processes, command_env, initial_environ, signal_group, with_tools_path
+from .procs import Processes, command_env, initial_environ, kill_tree, with_tools_path
+
+if TYPE_CHECKING:
+    from .model import Relay  # imported only for a sandbox with a model gateway
 
 AGENT_VERSION = "0.1.0"
 MAX_ENROLL_BODY = 1024 * 1024
@@ -44,13 +47,13 @@ class Agent:
         os.umask(self.umask)
         self.procs = Processes()
         self.jobs = JobTable(self.procs)
-        self.model_relay: asyncio.Server | None = None
+        self.model_relay: Relay | None = None  # for a sandbox with a model gateway
 
     def shutdown(self) -> None:
         """Kill every running command and PTY session (the agent is stopping)."""
         self.jobs.kill_all()
-        for pgid in self.procs.pty_groups:
-            signal_group(pgid, signal.SIGKILL)
+        for root in self.procs.pty_roots:
+            kill_tree(root)
 
     # HTTP
 
@@ -115,6 +118,7 @@ class Agent:
             ("GET", "/files/list"): lambda req: files.list_dir(req, self.path_arg(req)),
             ("POST", "/files/mkdir"): lambda req: files.make_dir(req, self.path_arg(req)),
             ("GET", "/pty"): self.pty,
+            ("POST", "/model/relay"): self.model_park,
         }
         handler = routes.get((method, path))
         if handler is not None:
@@ -178,6 +182,11 @@ class Agent:
         self.base_env = with_tools_path({**self.base_env, **env})
         log("enrolled")
         await req.send_json(200, {"enrolled": True})
+
+    async def model_park(self, req: Request) -> None:
+        if self.model_relay is None:
+            raise HTTPError(409, "conflict", "this sandbox has no model gateway")
+        await self.model_relay.park(req)
 
     def resolve(self, raw: str) -> str:
         if "\0" in raw:

@@ -23,7 +23,9 @@ router = APIRouter(tags=["model gateway"])
 TrajectoryQuery = Annotated[
     str | None, Query(max_length=128, description="only this trajectory's calls")
 ]
-AfterQuery = Annotated[int, Query(ge=0, description="only calls after this cursor")]
+AfterQuery = Annotated[
+    int, Query(ge=0, le=2**63 - 1, description="only calls after this cursor (a row id)")
+]
 
 
 @router.get("/sandboxes/{sandbox_id}/model-calls")

@@ -258,8 +258,7 @@ class DockerEngineBackend:
         # skips the lookup. Snapshot images are checked against their snapshot every time.
         self._images_seen: set[str] = set()
         self._host_memory: int | None = None
-        self._disk_refusal: str | None = None
-        self._disk_checked = False
+        self._storage: tuple[str, str] | None = None
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -419,40 +418,60 @@ class DockerEngineBackend:
 
     # -- disk -------------------------------------------------------------------------------
 
-    def _disk_limit_refusal(self) -> str | None:
-        """None if the engine's storage can cap a container's writable layer (``--storage-opt
-        size``: overlay on xfs mounted with pquota, btrfs, zfs), else what it runs on."""
-        if not self._disk_checked:
+    def _storage_driver(self) -> tuple[str, str]:
+        """The engine's storage driver and what it runs on (asked once)."""
+        if self._storage is None:
             info = self._client.info()
             driver = str(info.get("Driver") or "unknown")
             status = {str(item[0]): str(item[1]) for item in info.get("DriverStatus") or []}
-            backing = status.get("Backing Filesystem", "an unknown file system")
-            capable = driver in ("btrfs", "zfs") or (
-                driver.startswith("overlay") and backing == "xfs"
-            )
-            self._disk_refusal = None if capable else f"storage driver {driver} on {backing}"
-            self._disk_checked = True
-        return self._disk_refusal
+            self._storage = (driver, status.get("Backing Filesystem", "an unknown file system"))
+        return self._storage
 
-    def _storage_options(self, spec: SandboxSpec) -> dict[str, str] | None:
-        if spec.disk_bytes is None:
+    def _disk_limit_refusal(self) -> str | None:
+        """None if the engine's storage can cap a container's disk (``--storage-opt size``:
+        btrfs, zfs, overlay on xfs mounted with pquota), else what it runs on."""
+        driver, backing = self._storage_driver()
+        if driver in ("btrfs", "zfs") or (driver.startswith("overlay") and backing == "xfs"):
             return None
-        refusal = self._disk_limit_refusal()
+        return f"storage driver {driver} on {backing}"
+
+    def _check_disk(self, spec: SandboxSpec) -> None:
+        """Refuse a ``disk`` this engine cannot enforce, before anything is made."""
+        refusal = self._disk_limit_refusal() if spec.disk_bytes is not None else None
         if refusal is not None:
             raise errors.InvalidRequest(
                 f"disk cannot be limited on this engine: its {refusal} cannot cap a "
                 "container's disk, and Orchard refuses a limit it cannot enforce",
                 hint="leave disk out (sandboxes here are not disk-limited), or give the engine "
-                "storage that can (overlay on xfs mounted with pquota, or btrfs): see "
+                "storage that can (btrfs, which `ORCHARD_QUOTA_STORAGE=yes "
+                "scripts/setup-host.sh` sets up, or overlay on xfs mounted with pquota): see "
                 "docs/deployment.md",
             )
-        return {"size": str(spec.disk_bytes)}
+
+    def _storage_options(self, spec: SandboxSpec) -> dict[str, str] | None:
+        """The ``size`` storage option: ``disk``, else ``ephemeral_storage`` where the storage
+        can enforce a limit (none where it cannot). On btrfs the limit is a qgroup's, which
+        counts the image's files too: the image's size and an eighth more for its metadata
+        are added, so that the sandbox can write about ``disk`` of its own."""
+        if self._disk_limit_refusal() is not None:
+            return None
+        size = self._settings.ephemeral_storage if spec.disk_bytes is None else spec.disk_bytes
+        if self._storage_driver()[0] == "btrfs":
+            try:
+                image = self._client.images.get(spec.image)
+            except docker.errors.ImageNotFound:  # it went away since it was last seen here
+                self._images_seen.discard(spec.image)
+                self._ensure_image(spec.image, spec.snapshot_id, spec.ready_timeout_seconds)
+                image = self._client.images.get(spec.image)
+            image_size = int(image.attrs.get("Size") or 0)
+            size += image_size + image_size // 8
+        return {"size": str(size)}
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def _create(self, spec: SandboxSpec) -> BackendSandbox:
         """Three engine round trips when the image is known here and the id is new: create,
-        start, inspect."""
+        start, inspect (four on btrfs storage, where the image's size is asked for too)."""
         name = self._container_name(spec.sandbox_id)
         run_dir = self._run_dir(spec.sandbox_id)
         if not self._bundle_dir.is_dir():
@@ -477,10 +496,11 @@ class DockerEngineBackend:
                 f"({self._host_memory / 2**30:.1f}Gi)",
                 hint="ask for less memory",
             )
-        storage_options = self._storage_options(spec)
+        self._check_disk(spec)
         plain = spec.snapshot_id is None and not self.is_snapshot_image(spec.image)
         if not (plain and spec.image in self._images_seen):
             self._ensure_image(spec.image, spec.snapshot_id, spec.ready_timeout_seconds)
+        storage_options = self._storage_options(spec)
         # A directory already there may be a live sandbox's (its socket must stay): only then
         # is it worth asking the engine first; otherwise the create itself refuses a taken name.
         if run_dir.exists() and self._get(name) is not None:

@@ -8,6 +8,9 @@
   harnesses) into an emptyDir; the pod's ephemeral-storage request and limit grow by the
   volume's size so the kubelet does not evict it for the copy.
 * ``off``: none.
+
+Either way the payload's ``profile.sh`` is mounted at ``/etc/profile.d/sandbox-tools.sh``
+(``subPath``), so a login shell a command starts finds the harnesses too.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchard_env.config import ServiceSettings
-from orchard_env.tools import TOOLS_BIN, TOOLS_ENV, TOOLS_MOUNT
+from orchard_env.tools import PROFILE_TARGET, TOOLS_BIN, TOOLS_ENV, TOOLS_MOUNT, TOOLS_PROFILE
 
 TOOLS_VOLUME = "orchard-tools"
 TOOLS_INIT_CONTAINER = "tools-injector"
@@ -49,6 +52,7 @@ def add_tools(
                 "readOnly": True,
             }
         )
+        main["volumeMounts"].append(_profile_mount(f"{TOOLS_SUBPATH}/{TOOLS_PROFILE}"))
         return
     pod_spec["volumes"].append(
         {"name": TOOLS_VOLUME, "emptyDir": {"sizeLimit": str(TOOLS_VOLUME_BYTES)}}
@@ -64,6 +68,17 @@ def add_tools(
         }
     )
     main["volumeMounts"].append({**mount, "readOnly": True})
+    main["volumeMounts"].append(_profile_mount(TOOLS_PROFILE))
     for kind in ("requests", "limits"):
         amounts = main["resources"][kind]
         amounts["ephemeral-storage"] = str(int(amounts["ephemeral-storage"]) + TOOLS_VOLUME_BYTES)
+
+
+def _profile_mount(sub_path: str) -> dict[str, Any]:
+    """The payload's profile script where login shells source it (``sub_path`` in the volume)."""
+    return {
+        "name": TOOLS_VOLUME,
+        "mountPath": PROFILE_TARGET,
+        "subPath": sub_path,
+        "readOnly": True,
+    }

@@ -22,19 +22,27 @@ LISTEN_PORT = 4000
 BASE = f"http://{LISTEN_HOST}:{LISTEN_PORT}"
 HARNESS_DIR = "/tmp/orchard-harness"  # noqa: S108 - the sandbox's own /tmp
 SOCKET_NAME = "model.sock"
+PARKED_WAIT_SECONDS = 5.0
+"""How long a harness connection waits in the sandbox for a parked connection (Kubernetes)
+before the agent answers it 503."""
 
 
 def gateway_enrollment(
-    config: GatewayRecord, env: dict[str, str]
+    config: GatewayRecord, env: dict[str, str], *, parked: bool
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """The sandbox's environment (the harness variables under its own) and the ``model``
-    part of the agent's enrollment: where to listen, where to relay, which files to write."""
+    part of the agent's enrollment: where to listen, where to relay (the gateway's socket in
+    the run directory, or, ``parked``, connections the orchestrator parks at the agent), which
+    files to write."""
     extra = harness_env(config.dummy_key, config.model, config.anthropic_model)
-    model = {
+    model: dict[str, Any] = {
         "listen": f"{LISTEN_HOST}:{LISTEN_PORT}",
-        "socket": f"{RUN_DIR_MOUNT}/{SOCKET_NAME}",
         "files": harness_files(config.dummy_key, config.model),
     }
+    if parked:
+        model["wait"] = PARKED_WAIT_SECONDS
+    else:
+        model["socket"] = f"{RUN_DIR_MOUNT}/{SOCKET_NAME}"
     return {**extra, **env}, model
 
 

@@ -1,12 +1,14 @@
 """The gateway: one unix socket per sandbox, in its run directory, where the sandbox's agent
-relays each connection its harnesses open to ``127.0.0.1:4000``.
+relays each connection its harnesses open to ``127.0.0.1:4000``; or, for an agent on TCP
+that cannot dial out (Kubernetes), connections the orchestrator parks at the agent
+(:mod:`.parks`), handled here the same way.
 
-The socket a connection came in on is the sandbox it is from (nothing it sends can claim
-another). Each request is routed by path to the endpoint chosen for the sandbox (``/v1/
-messages...`` to its Anthropic endpoint, other ``/v1/...`` to its OpenAI-compatible one),
-with the sandbox's credentials stripped and the real key put in; the answer is streamed back
-as it arrives and the call recorded (:mod:`.calls`). No absolute URI, CONNECT or upgrade:
-only the configured upstreams are reachable.
+The socket a connection came in on, or the agent it was parked at, is the sandbox it is from
+(nothing it sends can claim another). Each request is routed by path to the endpoint chosen
+for the sandbox (``/v1/messages...`` to its Anthropic endpoint, other ``/v1/...`` to its
+OpenAI-compatible one), with the sandbox's credentials stripped and the real key put in; the
+answer is streamed back as it arrives and the call recorded (:mod:`.calls`). No absolute
+URI, CONNECT or upgrade: only the configured upstreams are reachable.
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchard_env import http1
+from orchard_env.orchestrator.backends.base import AgentEndpoint
 from orchard_env.orchestrator.gateway import wire
 from orchard_env.orchestrator.gateway.assemble import OPENAI_CHAT, api_of
 from orchard_env.orchestrator.gateway.calls import SECRET_HEADERS, Call
 from orchard_env.orchestrator.gateway.endpoints import Endpoint, Endpoints
 from orchard_env.orchestrator.gateway.harness import SOCKET_NAME
-from orchard_env.orchestrator.gateway.upstream import Pool, Response, UpstreamError
+from orchard_env.orchestrator.gateway.parks import Parks, Tampered
+from orchard_env.orchestrator.gateway.upstream import READ_TIMEOUT, Pool, UpstreamError
 from orchard_env.orchestrator.records import GatewayRecord
 from orchard_env.orchestrator.store import Store
 
@@ -57,6 +62,7 @@ class _Sandbox:
     sandbox_id: str
     config: GatewayRecord
     server: asyncio.AbstractServer | None = None
+    parks: Parks | None = None
     connections: int = 0
     calls: int = 0
     tokens: int = 0
@@ -82,8 +88,7 @@ class ModelGateway:
         if current is not None:
             current.config = config
             return
-        box = _Sandbox(sandbox_id, config)
-        box.calls, box.tokens, box.seqs = await self.store.model_call_totals(sandbox_id)
+        box = await self._box(sandbox_id, config)
         path = self.sandboxes_dir / sandbox_id / SOCKET_NAME
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
@@ -93,6 +98,30 @@ class ModelGateway:
         path.chmod(0o666)  # the agent may run as any user of the image
         self._sandboxes[sandbox_id] = box
 
+    async def attach_parked(
+        self, sandbox_id: str, config: GatewayRecord, agent: AgentEndpoint, tampered: Tampered
+    ) -> None:
+        """Serve the sandbox over connections parked at its enrolled agent on TCP (again,
+        after a restart); idempotent. ``tampered`` hears of an impostor at ``agent``."""
+        current = self._sandboxes.get(sandbox_id)
+        if current is not None:
+            current.config = config
+            return
+        box = await self._box(sandbox_id, config)
+        box.parks = Parks(
+            sandbox_id,
+            agent,
+            lambda r, w: self._connection(box, r, w),
+            tampered,
+            MAX_CONNECTIONS,
+        )
+        self._sandboxes[sandbox_id] = box
+
+    async def _box(self, sandbox_id: str, config: GatewayRecord) -> _Sandbox:
+        box = _Sandbox(sandbox_id, config)
+        box.calls, box.tokens, box.seqs = await self.store.model_call_totals(sandbox_id)
+        return box
+
     def set_trajectory(self, sandbox_id: str, config: GatewayRecord) -> None:
         box = self._sandboxes.get(sandbox_id)
         if box is not None:
@@ -100,13 +129,17 @@ class ModelGateway:
 
     async def detach(self, sandbox_id: str) -> None:
         box = self._sandboxes.pop(sandbox_id, None)
-        if box is None or box.server is None:
+        if box is None:
             return
-        box.server.close()
+        if box.server is not None:
+            box.server.close()
         for writer in list(box.writers):
             writer.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(box.server.wait_closed(), 5)
+        if box.parks is not None:
+            await box.parks.close()
+        if box.server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(box.server.wait_closed(), 5)
         self._wake(sandbox_id)
 
     async def close(self) -> None:
@@ -267,7 +300,7 @@ class ModelGateway:
             response.close()
 
     @staticmethod
-    async def _relay(call: Call, response: Response, writer: asyncio.StreamWriter) -> bool:
+    async def _relay(call: Call, response: http1.Response, writer: asyncio.StreamWriter) -> bool:
         call.first_byte()
         call.status = response.status
         call.response_headers = response.headers
@@ -280,11 +313,11 @@ class ModelGateway:
             head += b"transfer-encoding: chunked\r\n"
         writer.write(head + b"\r\n")
         try:
-            async for chunk in response.body():
+            async for chunk in response.body(READ_TIMEOUT):
                 call.keep(chunk)
                 writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
                 await writer.drain()
-        except (UpstreamError, OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
+        except (http1.BadAnswer, OSError, TimeoutError) as exc:
             if isinstance(exc, ConnectionError) and writer.is_closing():
                 call.error = "the harness closed the connection before the answer ended"
                 raise

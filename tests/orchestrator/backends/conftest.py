@@ -6,18 +6,23 @@ the local cluster's real node, with a backend for it (kube_real tier)."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
 import docker
+import httpx
 import pytest
 
 from orchard_env.config import ServiceSettings
+from orchard_env.orchestrator.app import create_app
 from orchard_env.orchestrator.backends.base import SANDBOX_CAPABILITIES, SandboxSpec
 from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend
+from orchard_env.orchestrator.keys import create_key
+from orchard_env.orchestrator.services import Orchard
 from tests.kube_local import LocalCluster
 from tests.orchestrator.backends.kube_fake import FakeKubeApi, FakeKubelet, fake_cluster
 from tests.orchestrator.backends.kube_node import OnNode, deployed_on_node, node_images
@@ -37,6 +42,7 @@ CAPABILITY_BITS = {
 }  # from linux/capability.h
 NAMESPACE = "orchard-sandboxes"
 MiB = 1024 * 1024
+Start = Callable[[ServiceSettings], Awaitable[tuple[Orchard, httpx.AsyncClient]]]
 
 
 def sandbox_status(status: str) -> tuple[int, str]:
@@ -107,6 +113,29 @@ def spec(busybox_image: str) -> Callable[..., SandboxSpec]:
         return SandboxSpec(**{**values, **overrides})
 
     return make
+
+
+@pytest.fixture
+async def start() -> AsyncIterator[Start]:
+    """Start orchestrators as `orchard serve` would: the app makes its own backend from the
+    settings (``make_backend``) and closes it when it stops."""
+    async with AsyncExitStack() as stack:
+
+        async def start(settings: ServiceSettings) -> tuple[Orchard, httpx.AsyncClient]:
+            app = create_app(settings)
+            await stack.enter_async_context(app.router.lifespan_context(app))
+            orchard: Orchard = app.state.orchard
+            admin = await create_key(orchard.store, "admin", admin=True)
+            http = await stack.enter_async_context(
+                httpx.AsyncClient(
+                    transport=httpx.ASGITransport(app=app),
+                    base_url="http://orchard",
+                    headers={"X-API-Key": admin.api_key},
+                )
+            )
+            return orchard, http
+
+        yield start
 
 
 # --- the local cluster's real node (kube_real tier) ----------------------------------------

@@ -220,8 +220,13 @@ async def test_memory_limit_is_enforced(
         hog = "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo kept"
         output, exit_ = await _run(agent, hog)
         assert exit_.signal == 9 or exit_.exit_code == 137, (output, exit_)
+        assert exit_.oom_killed, exit_
         assert "kept" not in output
         await agent.health()  # the agent itself survived
+        # A SIGKILL that is not the OOM killer's is not taken for one (the counter is
+        # compared before and after, not read as "any kill so far").
+        _, killed = await _run(agent, "kill -9 $$")
+        assert (killed.signal, killed.oom_killed) == (9, False)
     assert int(limit) == 64 * MiB
     inspected = await backend.inspect(sandbox.sandbox_id)
     assert inspected is not None and inspected.state is SandboxState.RUNNING
@@ -373,6 +378,8 @@ async def test_a_disk_limit_is_enforced_or_refused_never_ignored(
     backend: DockerEngineBackend,
     spec: Callable[..., SandboxSpec],
     docker_client: docker.DockerClient,
+    settings: ServiceSettings,
+    agent_bundle: Path,
 ) -> None:
     capable, storage = _storage_can_limit_disk(docker_client)
     wanted = spec(disk_bytes=64 * MiB)
@@ -388,6 +395,13 @@ async def test_a_disk_limit_is_enforced_or_refused_never_ignored(
     async with _agent(sandbox) as agent:
         output, _ = await _run(agent, "head -c 200000000 /dev/zero > /big; echo $?")
     assert output.strip().splitlines()[-1] != "0", output
+    # Without disk, a sandbox gets ephemeral_storage.
+    small_default = dataclasses.replace(settings, ephemeral_storage=64 * MiB)
+    async for other in _open_backend(small_default, agent_bundle):
+        sandbox = await _ready(other, spec())
+        async with _agent(sandbox) as agent:
+            output, _ = await _run(agent, "head -c 200000000 /dev/zero > /big; echo $?")
+        assert output.strip().splitlines()[-1] != "0", output
 
 
 async def test_a_workdir_that_is_a_file_is_a_clear_error(

@@ -52,6 +52,12 @@ def test_init_container_mode_is_valid_and_raises_ephemeral_storage(
     assert {"name": "orchard-tools", "mountPath": "/opt/sandbox-tools", "readOnly": True} in (
         main["volumeMounts"]
     )
+    assert {
+        "name": "orchard-tools",
+        "mountPath": "/etc/profile.d/sandbox-tools.sh",
+        "subPath": "profile.sh",
+        "readOnly": True,
+    } in main["volumeMounts"]
     assert {"name": "ORCHARD_AGENT_TOOLS_BIN", "value": "/opt/sandbox-tools/bin"} in main["env"]
     for kind in ("requests", "limits"):
         before = int(_main(plain)["resources"][kind]["ephemeral-storage"])
@@ -74,6 +80,12 @@ def test_image_volume_mode_is_valid_and_copies_nothing(
         "name": "orchard-tools",
         "mountPath": "/opt/sandbox-tools",
         "subPath": "opt/sandbox-tools",
+        "readOnly": True,
+    } in _main(pod)["volumeMounts"]
+    assert {
+        "name": "orchard-tools",
+        "mountPath": "/etc/profile.d/sandbox-tools.sh",
+        "subPath": "opt/sandbox-tools/profile.sh",
         "readOnly": True,
     } in _main(pod)["volumeMounts"]
 

@@ -4,8 +4,6 @@ a restart that lost every record adopts the pods and deletes none."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -13,38 +11,12 @@ import httpx
 import pytest
 
 from orchard_env.config import ServiceSettings
-from orchard_env.orchestrator.app import create_app
 from orchard_env.orchestrator.keys import create_key
-from orchard_env.orchestrator.services import Orchard
-from tests.orchestrator.backends.conftest import NAMESPACE, Cluster
+from tests.orchestrator.backends.conftest import NAMESPACE, Cluster, Start
 from tests.orchestrator.backends.kube_fake import MISSING_IMAGE, node
 from tests.orchestrator.conftest import eventually
 
 IMAGE = "registry.example/sandbox:1"
-Start = Callable[[ServiceSettings], Awaitable[tuple[Orchard, httpx.AsyncClient]]]
-
-
-@pytest.fixture
-async def start() -> AsyncIterator[Start]:
-    """Start orchestrators as `orchard serve` would: the app makes its own backend from the
-    settings (``make_backend``) and closes it when it stops."""
-    async with AsyncExitStack() as stack:
-
-        async def start(settings: ServiceSettings) -> tuple[Orchard, httpx.AsyncClient]:
-            app = create_app(settings)
-            await stack.enter_async_context(app.router.lifespan_context(app))
-            orchard: Orchard = app.state.orchard
-            admin = await create_key(orchard.store, "admin", admin=True)
-            http = await stack.enter_async_context(
-                httpx.AsyncClient(
-                    transport=httpx.ASGITransport(app=app),
-                    base_url="http://orchard",
-                    headers={"X-API-Key": admin.api_key},
-                )
-            )
-            return orchard, http
-
-        yield start
 
 
 async def create_ready(http: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
