@@ -12,10 +12,10 @@ up: host install
 		sh -c 'echo "hello from $$(hostname) on $$(. /etc/os-release; echo $$PRETTY_NAME)"; git --version'
 
 ## Run the whole test suite (lint, types, import contracts, all test tiers). The kube_real
-## tier needs the control plane's binaries (built once, cached outside the checkout) and
-## starts the local cluster itself.
+## tier needs the cluster's binaries (built once, cached outside the checkout) and starts the
+## local cluster, with its real node, itself.
 test: host install check
-	bash scripts/k8s/ensure-bins.sh control-plane
+	bash scripts/k8s/ensure-bins.sh all
 	ORCHARD_KUBE_REAL=require $(BIN)/pytest -q -ra
 
 check: install
@@ -27,8 +27,9 @@ check: install
 host:
 	bash scripts/setup-host.sh
 
-## A real local Kubernetes control plane in its own network namespace (scripts/k8s/up.sh);
-## the last line printed is `export KUBECONFIG=...`. `make cluster-down` removes it.
+## A real local Kubernetes cluster (control plane and one node) in its own network namespace
+## (scripts/k8s/up.sh); the last line printed is `export KUBECONFIG=...`. `make cluster-down`
+## removes it.
 cluster:
 	bash scripts/k8s/up.sh
 

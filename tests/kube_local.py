@@ -1,8 +1,9 @@
-"""The real local control plane of ``scripts/k8s/up.sh`` (etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler in a network namespace of its own), for the
-``kube_real`` test tier.
+"""The real local cluster of ``scripts/k8s/up.sh`` (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, and a node: containerd, the kubelet and kube-router
+enforcing NetworkPolicy, in a network namespace of its own), for the ``kube_real`` test tier.
 
-:func:`local_cluster` finds the running cluster, or starts it when its binaries are cached
+:func:`local_cluster` finds the running cluster, or starts it (or what of it is not running,
+e.g. the node of a control plane started without one) when its binaries are cached
 (``scripts/k8s/ensure-bins.sh check``). Every pytest session using it holds a shared lock; the
 last session leaving a cluster that a session started stops it (``down.sh``), so concurrent
 sessions share one cluster and none is left running. A cluster started by ``make cluster`` is
@@ -35,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts" / "k8s"
 STATE = Path(os.environ.get("ORCHARD_K8S_STATE", "/var/lib/orchard/k8s"))
 NETNS = os.environ.get("ORCHARD_K8S_NETNS", "orchard-k8s")
+INTERNET_NETNS = f"{NETNS}-internet"  # the cluster's stand-in for the internet
 LOCKS = STATE.parent / "k8s-locks"
 STARTED_BY_TESTS = "started-by-tests"
 
@@ -113,8 +115,30 @@ def unique_name(prefix: str) -> str:
     return f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
+# The processes up.sh starts, each with a pid file in STATE/run named after its binary.
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "containerd",
+    "kubelet",
+    "kube-router",
+)
+
+
+def _running(name: str) -> bool:
+    try:
+        pid = int((STATE / "run" / f"{name}.pid").read_text())
+        return Path(f"/proc/{pid}/exe").readlink().name == name
+    except (OSError, ValueError):
+        return False
+
+
 def _ready(kubeconfig: Path) -> bool:
-    if not kubeconfig.exists():
+    if not kubeconfig.exists() or not all(_running(name) for name in COMPONENTS):
+        return False
+    if not (Path("/run/netns") / INTERNET_NETNS).exists():
         return False
     try:
         config = yaml.safe_load(kubeconfig.read_text())
@@ -168,15 +192,19 @@ def local_cluster() -> Iterator[LocalCluster | str]:
     bin_dir = _cached_bin()
     if bin_dir is None:
         yield (
-            "no local Kubernetes binaries: run `make k8s-bins` (a Go build, ~20 min cold) "
+            "no local Kubernetes binaries: run `make k8s-bins` (a Go build, ~10 min cold) "
             "and `make cluster`"
         )
         return
     with _lock("users", fcntl.LOCK_SH) as users:
         with _lock("start", fcntl.LOCK_EX):
             if not _ready(kubeconfig):
+                # A cluster of which something already runs (e.g. `make cluster` without the
+                # node) is completed, and stays whoever's it was.
+                fresh = not any(_running(name) for name in COMPONENTS)
                 _run("up.sh")
-                (STATE / STARTED_BY_TESTS).write_text(str(os.getpid()))
+                if fresh:
+                    (STATE / STARTED_BY_TESTS).write_text(str(os.getpid()))
         try:
             yield LocalCluster(kubeconfig, bin_dir)
         finally:

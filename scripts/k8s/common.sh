@@ -1,7 +1,8 @@
 # Shared settings of scripts/k8s/up.sh and down.sh (sourced, not run).
 # The cluster lives in network namespace $netns, reachable from the host only over one veth
 # pair ($host_if $host_ip <-> $node_if $node_ip); the namespace has no default route, so
-# nothing in it can reach beyond this machine. Its state (PKI, kubeconfigs, etcd data, logs,
+# nothing in it can reach beyond this machine. Its one other link ($inet_if <-> $world_if)
+# leads to $internet_netns, the tests' stand-in for the internet, which routes only back. Its state (PKI, kubeconfigs, etcd data, logs,
 # pid files) is under $state.
 
 netns=${ORCHARD_K8S_NETNS:-orchard-k8s}
@@ -11,6 +12,12 @@ node_if=ok8s-node
 host_ip=10.200.0.1
 node_ip=10.200.0.2
 service_cidr=10.96.0.0/16
+pod_cidr=10.244.0.0/24
+internet_netns=$netns-internet
+inet_if=ok8s-inet
+world_if=ok8s-world
+inet_gw=198.51.100.1
+internet_ip=198.51.100.10
 api_service_ip=10.96.0.1
 components=(etcd kube-apiserver kube-controller-manager kube-scheduler)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stop the local cluster scripts/k8s/up.sh started and remove what it made: its processes
 # (by their pid files; a node's pods first, then its mounts, cgroups and sysctls), the
-# network namespace and its veth pair, and its state directory (PKI, kubeconfigs, etcd
+# network namespaces and their veth pairs, and its state directory (PKI, kubeconfigs, etcd
 # data, logs). Safe to run when nothing is up. `make cluster-down`.
 set -euo pipefail
 
@@ -16,9 +16,11 @@ for ((i = ${#components[@]} - 1; i >= 0; i--)); do
   stop_process "${components[$i]}"
 done
 
-if [[ -e /run/netns/$netns ]]; then
-  ip netns delete "$netns" # takes the veth pair with it
-fi
+for ns in "$internet_netns" "$netns"; do
+  if [[ -e /run/netns/$ns ]]; then
+    ip netns delete "$ns" # takes its veth pairs with it
+  fi
+done
 if ip link show "$host_if" >/dev/null 2>&1; then
   ip link delete "$host_if"
 fi

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Build the real-cluster binaries (etcd, etcdctl, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, then kubelet and kube-proxy) from the pinned Go modules in
-# tools/etcd and tools/k8s into a cache outside the checkout, skipping what is cached.
+# kube-scheduler, kubectl, then kubelet, kube-proxy and kube-router) from the pinned Go
+# modules in tools/etcd, tools/k8s and tools/kube-router into a cache outside the checkout,
+# skipping what is cached.
 #
 #   scripts/k8s/ensure-bins.sh [control-plane|all|check]     (default: all)
 #
 # Prints the bin directory on its last line. `check` builds nothing: it prints the directory
-# if the control-plane binaries are cached there and exits 3 if not. The cache key is the Kubernetes version,
+# if all the binaries are cached there and exits 3 if not. The cache key is the Kubernetes version,
 # `go version`, and the sha256 of tools/*/go.mod and go.sum, so a changed pin or Go
 # rebuilds; Go's own GOMODCACHE/GOCACHE make a rebuild after a small change quick.
 # ORCHARD_K8S_CACHE overrides the cache root (default /var/cache/orchard/k8s).
@@ -39,12 +40,12 @@ major=${BASH_REMATCH[1]} minor=${BASH_REMATCH[2]}
 key=$( (
   echo "$k8s_version"
   go version
-  cd "$here" && sha256sum tools/k8s/go.mod tools/k8s/go.sum tools/etcd/go.mod tools/etcd/go.sum
+  cd "$here" && sha256sum tools/*/go.mod tools/*/go.sum
 ) | sha256sum | cut -c1-16)
 root=${ORCHARD_K8S_CACHE:-/var/cache/orchard/k8s}
 bin="$root/$k8s_version-$key/bin"
 wanted=(etcd etcdctl kube-apiserver kube-controller-manager kube-scheduler kubectl)
-[[ $tier == all ]] && wanted+=(kubelet kube-proxy)
+[[ $tier == control-plane ]] || wanted+=(kubelet kube-proxy kube-router)
 cached() {
   local name
   for name in "${wanted[@]}"; do [[ -x $bin/$name ]] || return 1; done
@@ -95,5 +96,9 @@ build tools/k8s "$ld" kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
   kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler kubectl=k8s.io/kubernetes/cmd/kubectl
 if [[ $tier == all ]]; then
   build tools/k8s "$ld" kubelet=k8s.io/kubernetes/cmd/kubelet kube-proxy=k8s.io/kubernetes/cmd/kube-proxy
+  kr=github.com/cloudnativelabs/kube-router/v2
+  kr_version=$(awk -v m=$kr '$1 == m {print $2}' "$here/tools/kube-router/go.mod")
+  build tools/kube-router "-s -w -X $kr/pkg/version.Version=$kr_version" \
+    kube-router=$kr/cmd/kube-router
 fi
 echo "$bin"

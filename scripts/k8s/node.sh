@@ -1,8 +1,14 @@
-# The local cluster's real node (sourced by up.sh with ORCHARD_K8S_NODE=1): Debian's
+# The local cluster's real node (sourced by up.sh unless ORCHARD_K8S_NODE=0): Debian's
 # containerd (CRI, runc, cgroupfs) and the CNI bridge plugin, the kubelet built by
-# ensure-bins.sh, in the cluster's network namespace. Pods get 10.244.0.0/24 on bridge cni0
-# inside that namespace. The node is tainted orchard.local/real-node:NoSchedule, so only pods
-# that tolerate it run there (the kube_real tier's stand-in node takes the others).
+# ensure-bins.sh and the NetworkPolicy enforcer (netpol.sh), in the cluster's network
+# namespace. Pods get 10.244.0.0/24 on bridge cni0
+# inside that namespace; the host routes that range over the veth pair, so a process on the
+# host (an orchestrator under test) reaches pod addresses. containerd keeps the pods' network
+# namespaces under its state directory, not in /run/netns. The node is labelled
+# workload=sandbox (what Orchard's sandbox pods select) and tainted
+# orchard.local/real-node:NoSchedule, so only pods that tolerate it run there (the kube_real
+# tier's stand-in node takes the others): e.g. those of RuntimeClass orchard-local-node
+# (Orchard's runtime_class setting).
 #
 # Host facts this needs (kernel 6.18, cgroup v1 hybrid, no CAP_SYS_RESOURCE for root):
 # failCgroupV1: false (1.35 refuses cgroup v1 by default) and containerd's
@@ -11,7 +17,10 @@
 # vm.overcommit_memory=1, kernel.panic=10 and kernel.panic_on_oops=1; their values before are
 # kept in run/sysctl and down.sh restores them.
 
+source "$here/netpol.sh"
+
 node_name=orchard-node
+runtime_class=orchard-local-node
 containerd_run=/run/orchard-k8s-containerd
 
 start_node() {
@@ -38,6 +47,7 @@ state = "$containerd_run"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "localhost/orchard/pause:1"
   restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
@@ -51,10 +61,11 @@ EOF
   cat >"$n/cni/10-orchard.conflist" <<EOF
 {"cniVersion": "0.4.0", "name": "orchard", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]],
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$pod_cidr"}]],
             "dataDir": "$n/cni-ipam", "routes": [{"dst": "0.0.0.0/0"}]}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 EOF
+  ip route replace "$pod_cidr" via "$node_ip" dev "$host_if"
   start_binary containerd "$(command -v containerd)" --config "$n/containerd.toml"
   wait_for containerd 30 test -S "$containerd_run/containerd.sock"
   python3 "$here/pause-image.py" "$n/pause.tar"
@@ -83,8 +94,25 @@ registerWithTaints:
 EOF
   start_binary kubelet "$bin/kubelet" --config "$n/kubelet.yaml" \
     --kubeconfig "$state/node.kubeconfig" --root-dir "$n/kubelet" \
-    --hostname-override "$node_name" --node-ip "$node_ip"
+    --hostname-override "$node_name" --node-ip "$node_ip" --node-labels workload=sandbox
   wait_for kubelet 90 node_ready
+  local kubectl=("$bin/kubectl" --kubeconfig "$state/admin.kubeconfig")
+  # Admission taints a new node not-ready; the node lifecycle controller, which lifts the
+  # taint once the node is Ready, is off (up.sh).
+  "${kubectl[@]}" taint nodes "$node_name" node.kubernetes.io/not-ready:NoSchedule- \
+    >/dev/null 2>&1 || true
+  # Pods of this RuntimeClass (containerd's runc handler) are sent to this node: the
+  # RuntimeClass admission plugin adds its node selector and toleration to them.
+  "${kubectl[@]}" apply -f - >/dev/null <<EOF
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {name: $runtime_class}
+handler: runc
+scheduling:
+  nodeSelector: {kubernetes.io/hostname: $node_name}
+  tolerations: [{key: orchard.local/real-node, operator: Exists, effect: NoSchedule}]
+EOF
+  start_netpol
 }
 
 node_ready() {
@@ -106,6 +134,7 @@ stop_node() {
       sleep 0.5
     done
   fi
+  stop_process kube-router
   stop_process kubelet
   if pid_alive containerd; then
     for id in $("${ctr_[@]}" tasks ls -q 2>/dev/null); do

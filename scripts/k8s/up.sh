@@ -2,9 +2,10 @@
 # Bring up a local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, built from the pinned Go modules by ensure-bins.sh) inside a network
 # namespace of its own with no route off this machine; the host reaches the API server at
-# https://10.200.0.2:6443 over one veth pair. With ORCHARD_K8S_NODE=1 also a real node
-# (scripts/k8s/node.sh: containerd, CNI, kubelet). Idempotent: components already running
-# are left alone. Needs root. `make cluster` runs it; scripts/k8s/down.sh undoes all of it.
+# https://10.200.0.2:6443 over one veth pair; and a real node (scripts/k8s/node.sh:
+# containerd, CNI, kubelet), unless ORCHARD_K8S_NODE=0. Idempotent: components already
+# running are left alone (so a second run adds the node to a control plane started without
+# it). Needs root. `make cluster` runs it; scripts/k8s/down.sh undoes all of it.
 #
 # The last line printed is `export KUBECONFIG=<admin kubeconfig>`.
 set -euo pipefail
@@ -40,6 +41,21 @@ if ! ip link show "$host_if" >/dev/null 2>&1; then
 fi
 ip link set "$host_if" up
 ip -n "$netns" link set "$node_if" up
+
+# --- a stand-in for the internet: a namespace reachable only from the cluster's -------------
+# ($internet_ip, a documentation range), where tests listen to see what egress pods get.
+if [[ ! -e /run/netns/$internet_netns ]]; then
+  ip netns add "$internet_netns"
+fi
+ip -n "$internet_netns" link set lo up
+if ! ip -n "$netns" link show "$inet_if" >/dev/null 2>&1; then
+  ip -n "$netns" link add "$inet_if" type veth peer name "$world_if" netns "$internet_netns"
+  ip -n "$netns" addr add "$inet_gw/24" dev "$inet_if"
+  ip -n "$internet_netns" addr add "$internet_ip/24" dev "$world_if"
+fi
+ip -n "$netns" link set "$inet_if" up
+ip -n "$internet_netns" link set "$world_if" up
+ip -n "$internet_netns" route replace "$pod_cidr" via "$inet_gw"
 
 make_pki
 
@@ -100,8 +116,8 @@ start kube-apiserver --etcd-servers http://127.0.0.1:2379 \
   --allow-privileged=true --watch-cache=false --profiling=false
 wait_for kube-apiserver 120 api /readyz
 
-# The node lifecycle controller is off: tier-A nodes are API objects without a kubelet
-# heartbeat, which it would taint unreachable and evict.
+# The node lifecycle controller is off: the tier's stand-in node is an API object without a
+# kubelet heartbeat, which it would taint unreachable and evict.
 start kube-controller-manager --kubeconfig "$state/controller-manager.kubeconfig" \
   --authentication-kubeconfig "$state/controller-manager.kubeconfig" \
   --authorization-kubeconfig "$state/controller-manager.kubeconfig" \
@@ -120,7 +136,7 @@ wait_for kube-controller-manager 90 api /api/v1/namespaces/default/serviceaccoun
 wait_for kube-scheduler 60 nsenter --net="/run/netns/$netns" -- \
   curl -sfk https://127.0.0.1:10259/healthz
 
-if [[ ${ORCHARD_K8S_NODE:-0} == 1 ]]; then
+if [[ ${ORCHARD_K8S_NODE:-1} == 1 ]]; then
   source "$here/node.sh"
   start_node
 fi

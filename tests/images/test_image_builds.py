@@ -3,15 +3,12 @@
 
 The agent-injector image copies its bundle into a host directory, and the agent started from
 that copy serves commands inside a busybox container with no network. The orchestrator image
-runs as uid 10001 without compilers and serves /health. Test images are tagged
-``localhost/orchard-test/<name>:<pid>`` and removed at the end, with the build stages they
-left behind (each run with changed sources would leave about 750 MB otherwise); the builder
-keeps the pip cache of the orchestrator build.
+runs as uid 10001 without compilers and serves /health. Test images are built and removed
+by ``tests/images/builds.py``; the builder keeps the pip cache of the orchestrator build.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -27,7 +24,7 @@ import docker.errors
 import docker.types
 import pytest
 
-from images.build import build_images, detect_builder, source_info
+from images.build import detect_builder, source_info
 from orchard_env import __version__, errors
 from orchard_env.agent.bundle import (
     BUNDLE_MOUNT,
@@ -45,14 +42,9 @@ from orchard_env.orchestrator.backends.docker_engine import (
     find_engine,
 )
 from tests.agent.conftest import TOKEN, collect
+from tests.images.builds import TEST_REPOSITORY, built_image, image_ref
 
 pytestmark = pytest.mark.engine
-
-TEST_REPOSITORY = "localhost/orchard-test"
-
-
-def _ref(name: str) -> str:
-    return f"{TEST_REPOSITORY}/{name}:{os.getpid()}"
 
 
 @pytest.fixture(scope="module")
@@ -61,37 +53,12 @@ def builder(docker_client: docker.DockerClient) -> str:
     return detect_builder("podman")
 
 
-def _build(
-    docker_client: docker.DockerClient,
-    builder: str,
-    name: str,
-    ref: str | None = None,
-    **kwargs: object,
-) -> Iterator[str]:
-    ref = ref or _ref(name)
-    started = int(time.time()) - 1
-    try:
-        build_images({name: ref}, builder=builder, **kwargs)  # type: ignore[arg-type]
-        yield ref
-    finally:
-        with contextlib.suppress(docker.errors.ImageNotFound):
-            docker_client.images.remove(ref, force=True)
-        # the build stages this build left behind (untagged, labelled like the image)
-        stages = docker_client.api.images(
-            filters={"dangling": True, "label": f"org.opencontainers.image.title=orchard-{name}"}
-        )
-        for stage in stages:
-            if int(stage["Created"]) >= started:
-                with contextlib.suppress(docker.errors.APIError):
-                    docker_client.images.remove(stage["Id"], force=True)
-
-
 @pytest.fixture(scope="module")
 def injector_image(
     docker_client: docker.DockerClient, builder: str, sandbox_image: str, busybox_image: str
 ) -> Iterator[str]:
     bases = {"BUILDER_IMAGE": sandbox_image, "FINAL_IMAGE": busybox_image}
-    yield from _build(docker_client, builder, "agent-injector", base_images=bases)
+    yield from built_image(docker_client, builder, "agent-injector", base_images=bases)
 
 
 def _host_ca_bundle() -> Path | None:
@@ -105,7 +72,7 @@ def _host_ca_bundle() -> Path | None:
 def orchestrator_image(
     docker_client: docker.DockerClient, builder: str, sandbox_image: str
 ) -> Iterator[str]:
-    yield from _build(
+    yield from built_image(
         docker_client,
         builder,
         "orchestrator",
@@ -249,8 +216,8 @@ def test_the_injector_installs_python_when_its_builder_image_has_none(
     subprocess.run([builder, "build", "-q", "-t", bare, str(tmp_path)], check=True, timeout=120)
     try:
         bases = {"BUILDER_IMAGE": bare, "FINAL_IMAGE": busybox_image}
-        ref = f"{_ref('agent-injector')}-apt"
-        built = _build(docker_client, builder, "agent-injector", ref, base_images=bases)
+        ref = f"{image_ref('agent-injector')}-apt"
+        built = built_image(docker_client, builder, "agent-injector", ref, base_images=bases)
         next(built)
         try:
             cat = ["cat", "/orchard-agent/bundle.json"]
@@ -338,11 +305,13 @@ def test_the_orchestrator_image_serves_health(
 
 
 @pytest.fixture(scope="module")
-def sandbox_build(
+def sandboxbuilt_image(
     docker_client: docker.DockerClient, builder: str, sandbox_image: str
 ) -> Iterator[str]:
     """images/sandbox/Dockerfile on the local Debian image (apt needs the Debian mirror)."""
-    yield from _build(docker_client, builder, "sandbox", base_images={"BASE_IMAGE": sandbox_image})
+    yield from built_image(
+        docker_client, builder, "sandbox", base_images={"BASE_IMAGE": sandbox_image}
+    )
 
 
 def test_the_sandbox_image_has_the_packages_of_packages_txt(

@@ -1,6 +1,7 @@
 """Fixtures of the backend tests: a fake cluster (API server + kubelet) and settings pointing
-at it through a kubeconfig, as a developer's orchestrator would (Kubernetes backend); and
-sandbox specs on the busybox image (engine backend)."""
+at it through a kubeconfig, as a developer's orchestrator would (Kubernetes backend);
+sandbox specs on the busybox image (engine backend); and a deployment whose sandboxes run on
+the local cluster's real node, with a backend for it (kube_real tier)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
+import docker
 import httpx
 import pytest
 
@@ -21,7 +23,9 @@ from orchard_env.orchestrator.backends.base import SANDBOX_CAPABILITIES, Sandbox
 from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend
 from orchard_env.orchestrator.keys import create_key
 from orchard_env.orchestrator.services import Orchard
+from tests.kube_local import LocalCluster
 from tests.orchestrator.backends.kube_fake import FakeKubeApi, FakeKubelet, fake_cluster
+from tests.orchestrator.backends.kube_node import OnNode, deployed_on_node, node_images
 from tests.orchestrator.conftest import make_settings
 
 AGENT_IMAGE = "registry.example/orchard/agent-injector:0.1.0"
@@ -132,3 +136,32 @@ async def start() -> AsyncIterator[Start]:
             return orchard, http
 
         yield start
+
+
+# --- the local cluster's real node (kube_real tier) ----------------------------------------
+
+
+@pytest.fixture(scope="session")
+def on_node(
+    local_cluster: LocalCluster,
+    docker_client: docker.DockerClient,
+    sandbox_image: str,
+    busybox_image: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OnNode]:
+    with (
+        node_images(docker_client, sandbox_image, busybox_image) as images,
+        deployed_on_node(local_cluster, images, tmp_path_factory.mktemp("on-node")) as found,
+    ):
+        yield found
+
+
+@pytest.fixture
+async def node_kube(on_node: OnNode, tmp_path: Path) -> AsyncIterator[KubernetesBackend]:
+    backend = KubernetesBackend(on_node.settings(tmp_path / "state"))
+    try:
+        yield backend
+    finally:
+        for sandbox in await backend.list():
+            await backend.delete(sandbox.sandbox_id)
+        await backend.close()

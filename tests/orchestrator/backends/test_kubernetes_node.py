@@ -1,11 +1,9 @@
-"""A pod on the local cluster's real node (``ORCHARD_K8S_NODE=1 make cluster``: containerd,
-runc, CNI and the kubelet, scripts/k8s/node.sh), from an image of the local engine imported
-into containerd: it runs, with its memory limit in its cgroup and an address of the pod
-network. Skipped when the cluster has no real node."""
+"""A pod on the local cluster's real node (containerd, runc, CNI and the kubelet,
+scripts/k8s/node.sh), from an image of the local engine imported into containerd: it runs,
+with its memory limit in its cgroup and an address of the pod network."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 
@@ -14,23 +12,15 @@ import pytest
 from kubernetes import client as k8s
 
 from tests.kube_local import LocalCluster, unique_name
+from tests.orchestrator.backends.kube_node import NODE, TAINT, import_image
 
 pytestmark = [pytest.mark.kube_real, pytest.mark.engine]
-NODE = "orchard-node"
-CONTAINERD = "/run/orchard-k8s-containerd/containerd.sock"
-TAINT = "orchard.local/real-node"
 
 
 @pytest.fixture
 def namespace(local_cluster: LocalCluster) -> Iterator[str]:
     with local_cluster.admin() as api:
         core = k8s.CoreV1Api(api)
-        try:
-            core.read_node(NODE)
-        except k8s.ApiException as exc:
-            if exc.status != 404:
-                raise
-            pytest.skip("the local cluster has no real node: ORCHARD_K8S_NODE=1 make cluster")
         name = unique_name("node-test")
         core.create_namespace({"metadata": {"name": name}})
         try:
@@ -39,25 +29,13 @@ def namespace(local_cluster: LocalCluster) -> Iterator[str]:
             core.delete_namespace(name)
 
 
-def _import(client: docker.DockerClient, image: str) -> None:
-    """The engine's image into the node's containerd (``podman save | ctr images import``)."""
-    data = b"".join(client.images.get(image).save(named=True))
-    subprocess.run(
-        ["ctr", "--address", CONTAINERD, "-n", "k8s.io", "images", "import", "-"],
-        input=data,
-        capture_output=True,
-        check=True,
-        timeout=120,
-    )
-
-
 def test_a_pod_runs_on_the_real_node_with_its_limits(
     local_cluster: LocalCluster,
     namespace: str,
     docker_client: docker.DockerClient,
     busybox_image: str,
 ) -> None:
-    _import(docker_client, busybox_image)
+    import_image(docker_client, busybox_image)
     script = "cat /sys/fs/cgroup/memory/memory.limit_in_bytes; ip -4 -o addr show eth0"
     pod = {
         "metadata": {"name": "limits"},
