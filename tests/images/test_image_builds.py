@@ -305,7 +305,7 @@ def test_the_orchestrator_image_serves_health(
 
 
 @pytest.fixture(scope="module")
-def sandboxbuilt_image(
+def sandbox_build(
     docker_client: docker.DockerClient, builder: str, sandbox_image: str
 ) -> Iterator[str]:
     """images/sandbox/Dockerfile on the local Debian image (apt needs the Debian mirror)."""
