@@ -12,8 +12,8 @@ At each level, after creating sandboxes up to it (and running ``true`` once in e
 are as many jobs): the first page of ``GET /sandboxes?limit=100``, walking every page, the
 whole list in one answer, ``GET /jobs/{id}``, an exec of ``true``, one reaper pass, and this
 process's RSS (so the memory per live sandbox between levels). Last, ``--running-jobs``
-commands that stay running (``sleep``), for the memory per running job and a reaper pass
-while they run.
+commands that stay running (``sleep``), for the Python heap they hold (traced while they
+start) and a reaper pass while they run.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import signal
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -356,16 +357,21 @@ async def _bench(levels: Sequence[int], running_jobs: int, progress: Progress) -
                 previous = (level, rss)
             if running_jobs:
                 progress(f"starting {running_jobs} commands that keep running")
-                before = _rss()
+                # Traced, not RSS: the heap freed by the measurements above (a 10,000-sandbox
+                # answer) is reused first, so the RSS would not show what the jobs hold.
+                gc.collect()
+                tracemalloc.start()
                 for sandbox_id in sandboxes[:running_jobs]:
                     _ok(
                         await http.post(
                             f"/sandboxes/{sandbox_id}/exec", json={"command": "sleep 3600"}
                         )
                     )
-                after = _rss()
-                result.figures[f"RSS per running job ({running_jobs} running), KB"] = round(
-                    (after - before) * 1024 / running_jobs, 1
+                gc.collect()
+                held, _ = tracemalloc.get_traced_memory()
+                tracemalloc.stop()
+                result.figures[f"Python heap per running job ({running_jobs} running), KB"] = round(
+                    held / 1024 / running_jobs, 1
                 )
                 result.stats[
                     f"reaper pass @ {len(sandboxes)}, {running_jobs} jobs running"
