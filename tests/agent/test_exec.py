@@ -478,3 +478,20 @@ def status_kb(pid: int, field: str) -> int:
     with open(f"/proc/{pid}/status") as status:
         line = next(line for line in status if line.startswith(field + ":"))
     return int(line.split()[1])
+
+
+async def test_term_kills_the_commands_and_exits_with_a_kept_alive_connection_open(
+    agent_server: RunningAgent,
+) -> None:
+    """What a backend's stop does (``docker stop``, a pod deleted): the orchestrator's
+    kept-alive connection stays open, and the agent must neither wait for it (as ``async with
+    server`` does from Python 3.12.1) nor leave its commands running."""
+    async with agent_server.client() as client:
+        events = client.exec("long", "echo $$; sleep 300")
+        first = await anext(events)
+        assert isinstance(first, Output)
+        command = int(first.data)
+        assert (await client.health())["status"] == "ok"  # the connection is kept alive
+        agent_server.process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(agent_server.process.wait, 3) == 0
+        await poll_until(lambda: process_gone(command), f"command {command} is killed")

@@ -219,7 +219,9 @@ class AgentProcessBackend:
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)  # the agent kills its commands on TERM
             try:
-                process.wait(5)
+                # Long enough on a loaded machine: an agent killed while it kills its commands
+                # leaves them running on this host (a container's stop would take them too).
+                process.wait(30)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()

@@ -330,10 +330,13 @@ async def serve(listen: tuple[str, str, int], workdir: str) -> None:
         )
     log(f"version {AGENT_VERSION} listening on {kind}:{address}{f':{port}' if port else ''}")
     try:
-        async with server:
-            await stop.wait()
+        await stop.wait()
     finally:
+        # Commands first, and the server closed without waiting for its connections (on
+        # Python >= 3.11.7 ``async with server`` would wait for the orchestrator's kept-alive
+        # ones, and an agent killed meanwhile would leave its commands running).
         agent.shutdown()
+        server.close()
         if kind == "unix":
             with contextlib.suppress(OSError):
                 os.unlink(address)
