@@ -101,6 +101,7 @@ class _Fleet:
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
         self.waiting: dict[str, asyncio.Future[None]] = {}
+        self.agents = 0
         self.reader = asyncio.get_running_loop().create_task(self._read())
 
     async def _read(self) -> None:
@@ -149,6 +150,7 @@ class FleetBackend:
         self._home: dict[str, _Fleet] = {}
 
     async def _fleet(self) -> _Fleet:
+        """The fleet with the fewest agents; a new one when they all have their share."""
         if not self.fleets or len(self._home) >= AGENTS_PER_FLEET * len(self.fleets):
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -159,10 +161,11 @@ class FleetBackend:
                 stderr=asyncio.subprocess.DEVNULL,  # a line per agent enrolled
             )
             self.fleets.append(_Fleet(process))
-        return self.fleets[len(self._home) % len(self.fleets)]
+        return min(self.fleets, key=lambda fleet: fleet.agents)
 
     async def create(self, spec: SandboxSpec) -> BackendSandbox:
         fleet = await self._fleet()
+        fleet.agents += 1
         self._home[spec.sandbox_id] = fleet
         where = self.root / spec.sandbox_id
         socket = str(where / "agent.sock")
@@ -189,6 +192,7 @@ class FleetBackend:
     async def delete(self, sandbox_id: str) -> None:
         fleet = self._home.pop(sandbox_id, None)
         if self.sandboxes.pop(sandbox_id, None) is not None and fleet is not None:
+            fleet.agents -= 1
             await fleet.order(op="stop", id=sandbox_id)
 
     async def snapshot(

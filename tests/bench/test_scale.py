@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import pytest
 
+from orchard_env import bench_scale as bench_scale_module
 from orchard_env.bench_scale import bench_scale
 from orchard_env.errors import OrchardError
 
 
-def test_a_small_run_measures_every_level_and_the_running_jobs() -> None:
+def test_a_small_run_measures_every_level_and_the_running_jobs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(bench_scale_module, "AGENTS_PER_FLEET", 3)  # three fleet processes
     result = bench_scale((3, 7), running_jobs=2)
     for level in (3, 7):
         for what in (
