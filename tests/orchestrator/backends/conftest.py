@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from uuid import uuid4
 
 import docker
@@ -19,7 +19,7 @@ import pytest
 
 from orchard_env.config import ServiceSettings
 from orchard_env.orchestrator.app import create_app
-from orchard_env.orchestrator.backends.base import SANDBOX_CAPABILITIES, SandboxSpec
+from orchard_env.orchestrator.backends.base import SANDBOX_CAPABILITIES, Backend, SandboxSpec
 from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend
 from orchard_env.orchestrator.keys import create_key
 from orchard_env.orchestrator.services import Orchard
@@ -156,12 +156,21 @@ def on_node(
         yield found
 
 
-@pytest.fixture
-async def node_kube(on_node: OnNode, tmp_path: Path) -> AsyncIterator[KubernetesBackend]:
-    backend = KubernetesBackend(on_node.settings(tmp_path / "state"))
+B = TypeVar("B", bound=Backend)
+
+
+@asynccontextmanager
+async def emptied(backend: B) -> AsyncIterator[B]:
+    """``backend`` for a block; at its end every sandbox it lists is deleted, then it closes."""
     try:
         yield backend
     finally:
         for sandbox in await backend.list():
             await backend.delete(sandbox.sandbox_id)
         await backend.close()
+
+
+@pytest.fixture
+async def node_kube(on_node: OnNode, tmp_path: Path) -> AsyncIterator[KubernetesBackend]:
+    async with emptied(KubernetesBackend(on_node.settings(tmp_path / "state"))) as backend:
+        yield backend

@@ -26,7 +26,12 @@ from orchard_env.orchestrator.backends.base import (
     SandboxState,
 )
 from orchard_env.orchestrator.backends.docker_engine import DockerEngineBackend
-from tests.orchestrator.backends.conftest import MiB, sandbox_capability_mask, sandbox_status
+from tests.orchestrator.backends.conftest import (
+    MiB,
+    emptied,
+    sandbox_capability_mask,
+    sandbox_status,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -38,13 +43,8 @@ def settings(tmp_path_factory: pytest.TempPathFactory, engine_instance: str) -> 
 
 
 async def _open_backend(settings: ServiceSettings, bundle: Path) -> AsyncIterator[Any]:
-    backend = DockerEngineBackend(settings, bundle_dir=bundle)
-    try:
+    async with emptied(DockerEngineBackend(settings, bundle_dir=bundle)) as backend:
         yield backend
-    finally:
-        for sandbox in await backend.list():
-            await backend.delete(sandbox.sandbox_id)
-        await backend.close()
 
 
 @pytest.fixture

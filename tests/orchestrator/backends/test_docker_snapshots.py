@@ -28,6 +28,7 @@ from orchard_env.orchestrator.backends.docker_engine import (
     DockerEngineBackend,
 )
 from tests.conftest import image_tags
+from tests.orchestrator.backends.conftest import emptied
 
 pytestmark = pytest.mark.engine
 
@@ -73,13 +74,8 @@ def leftovers(
 async def backend(
     settings: ServiceSettings, agent_bundle: Path, leftovers: Callable[[], list[str]]
 ) -> AsyncIterator[DockerEngineBackend]:
-    opened = DockerEngineBackend(settings, bundle_dir=agent_bundle)
-    try:
+    async with emptied(DockerEngineBackend(settings, bundle_dir=agent_bundle)) as opened:
         yield opened
-    finally:
-        for sandbox in await opened.list():
-            await opened.delete(sandbox.sandbox_id)
-        await opened.close()
 
 
 def restoring(image: SnapshotImage) -> dict[str, str]:

@@ -27,6 +27,7 @@ from orchard_env.orchestrator.backends.docker_engine import LABEL_INSTANCE, Dock
 from orchard_env.orchestrator.keys import create_key, revoke_key
 from orchard_env.orchestrator.services import Orchard
 from provision.local import LocalProvider
+from tests.orchestrator.backends.conftest import emptied
 from tests.orchestrator.backends.test_docker_snapshots import remove_snapshot_images
 from tests.servers import asgi_service
 
@@ -92,7 +93,10 @@ def deploy(
         )
         backend = DockerEngineBackend(settings, bundle_dir=agent_bundle)
         try:
-            async with asgi_service(settings, backend, key_name="admin") as (transport, key):
+            async with (
+                emptied(backend),
+                asgi_service(settings, backend, key_name="admin") as (transport, key),
+            ):
                 admin = httpx.AsyncClient(
                     transport=transport,
                     base_url="http://orchard",
@@ -101,9 +105,6 @@ def deploy(
                 )
                 yield Deployment(transport, admin, settings)
         finally:
-            for sandbox in await backend.list():
-                await backend.delete(sandbox.sandbox_id)
-            await backend.close()
             remove_snapshot_images(docker_client, settings.instance)
 
     return start  # type: ignore[return-value]
