@@ -29,7 +29,8 @@ _AGENT_PSS = (
     "for p in /proc/[0-9]*; do "
     "if tr '\\0' ' ' <$p/cmdline 2>/dev/null | grep -q '/agen[t] --listen'; then "
     "echo ${p#/proc/} $(grep '^Pss:' $p/smaps_rollup | tr -s ' ' | cut -d' ' -f2) "
-    "$(grep '^VmRSS:' $p/status | tr -s ' ' | cut -d' ' -f2); fi; done"
+    "$(grep '^VmRSS:' $p/status | tr -s ' ' | cut -d' ' -f2) "
+    "$(awk '/^Private_(Clean|Dirty):/ {s += $2} END {print s}' $p/smaps_rollup); fi; done"
 )
 
 
@@ -175,7 +176,7 @@ def _engine_samples(engine_url: str, sandbox_id: str, n: int) -> list[float]:
 
 
 def host_agent_listing(engine_url: str, sandbox_id: str) -> str:
-    """``pid pss_kb rss_kb`` of the sandbox's agent processes, read from this host's /proc:
+    """``pid pss_kb rss_kb uss_kb`` of the sandbox's agent processes, read from this host's /proc:
     the processes under the container's first one whose command line runs the agent."""
     import docker
 
@@ -202,11 +203,13 @@ def host_agent_listing(engine_url: str, sandbox_id: str) -> str:
         try:
             if b"/agent\0--listen" not in Path(f"/proc/{pid}/cmdline").read_bytes():
                 continue
-            pss = _kb(Path(f"/proc/{pid}/smaps_rollup").read_text(), "Pss:")
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+            pss = _kb(rollup, "Pss:")
+            uss = _kb(rollup, "Private_Clean:") + _kb(rollup, "Private_Dirty:")
             rss = _kb(Path(f"/proc/{pid}/status").read_text(), "VmRSS:")
         except OSError:
             continue
-        lines.append(f"{pid} {pss} {rss}")
+        lines.append(f"{pid} {pss} {rss} {uss}")
     return "\n".join(lines)
 
 
@@ -215,21 +218,25 @@ def _kb(text: str, field: str) -> int:
 
 
 def _agent_memory(listing: str) -> dict[str, float]:
-    """Sum the agent processes' PSS (their real share of memory) and RSS, in MB."""
-    pss = rss = 0.0
+    """Sum the agent processes' PSS (their share of memory, the libraries they share with
+    other sandboxes' agents split between them), RSS, and USS (their private memory: what
+    one more sandbox adds), in MB."""
+    pss = rss = uss = 0.0
     count = 0
     for line in listing.splitlines():
         parts = line.split()
-        if len(parts) == 3:
+        if len(parts) == 4:
             count += 1
             pss += float(parts[1]) / 1024
             rss += float(parts[2]) / 1024
+            uss += float(parts[3]) / 1024
     if not count:
         raise RuntimeError(f"no agent process found in the sandbox's /proc: {listing!r}")
     return {
         "agent processes": count,
         "agent PSS MB": round(pss, 1),
         "agent RSS MB (sum)": round(rss, 1),
+        "agent USS MB (private)": round(uss, 1),
     }
 
 

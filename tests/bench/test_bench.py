@@ -30,10 +30,11 @@ def test_cpu_seconds_grows_with_work() -> None:
 
 
 def test_agent_memory_sums_the_listing_and_refuses_an_empty_one() -> None:
-    assert _agent_memory("1 10240 11264\n7 2048 3072\n") == {
+    assert _agent_memory("1 10240 11264 9216\n7 2048 3072 1024\n") == {
         "agent processes": 2,
         "agent PSS MB": 12.0,
         "agent RSS MB (sum)": 14.0,
+        "agent USS MB (private)": 10.0,
     }
     with pytest.raises(RuntimeError, match="no agent process"):
         _agent_memory("")
