@@ -89,9 +89,6 @@ LABEL_CREATED_BY = "orchard.created-by"
 LABEL_INSTANCE = "orchard.instance"
 LABEL_STATE_ID = "orchard.state-id"
 log = logging.getLogger(__name__)
-MAX_SNAPSHOT_LAYERS = 100
-"""An incremental snapshot adds a layer; past this many, the next one is a full commit of
-the sandbox over its own image (overlay mounts a bounded number of layers)."""
 LABEL_SANDBOX_ID = "orchard.sandbox-id"
 LABEL_OWNER = "orchard.owner"
 LABEL_RECORD = "orchard.record"
@@ -240,6 +237,7 @@ class DockerEngineBackend:
             )
         self._settings = settings
         self._state_id = state_id(settings.state_dir)
+        self._snapshotting: set[str] = set()  # sandboxes this process has paused to snapshot
         self._bundle_dir = bundle_dir.resolve()
         self._tools_dir = tools_dir.resolve() if tools_dir is not None else None
         self._tools = payload_harnesses(self._tools_dir) if self._tools_dir else ()
@@ -660,11 +658,25 @@ class DockerEngineBackend:
             "label": [f"{LABEL_CREATED_BY}=orchard", f"{LABEL_INSTANCE}={self._settings.instance}"]
         }
         containers = self._client.containers.list(all=True, filters=filters, ignore_removed=True)
-        return [found for c in containers if (found := self._describe(c.attrs)) is not None]
+        return [found for c in containers if (found := self._found(c)) is not None]
 
     def _inspect(self, sandbox_id: str) -> BackendSandbox | None:
         container = self._get(self._container_name(sandbox_id))
-        return None if container is None else self._describe(container.attrs)
+        return None if container is None else self._found(container)
+
+    def _found(self, container: Any) -> BackendSandbox | None:
+        """A container described; one left paused by a snapshot this process is not taking
+        (a service that stopped mid-snapshot) is resumed first."""
+        found = self._describe(container.attrs)
+        paused = (container.attrs.get("State") or {}).get("Status") == "paused"
+        if found is not None and paused and found.sandbox_id not in self._snapshotting:
+            log.warning(
+                "resuming a sandbox left paused by an interrupted snapshot",
+                extra={"sandbox_id": found.sandbox_id},
+            )
+            with contextlib.suppress(docker.errors.APIError):
+                container.unpause()
+        return found
 
     def _delete(self, sandbox_id: str) -> None:
         run_dir = self._run_dir(sandbox_id)
@@ -715,14 +727,16 @@ class DockerEngineBackend:
             f"LABEL {LABEL_SNAPSHOT_PARENT}={parent or ''}",
         ]
         ref = f"{self.snapshot_repository}:{snapshot_id}"
-        upper = self._upper_dir(container.attrs)
+        upper = docker_layers.upper_dir(container.attrs)
         record = self._layers_file(sandbox_id)
         state = container.attrs.get("State") or {}
         pause = bool(state.get("Running")) and not state.get("Paused")
+        self._snapshotting.add(sandbox_id)
         try:
             if pause:  # the layer, its record and the commit: one instant
                 container.pause()
         except docker.errors.APIError as exc:
+            self._snapshotting.discard(sandbox_id)
             raise errors.OrchardError(
                 f"the engine could not pause sandbox {sandbox_id!r} to snapshot it: "
                 f"{_explanation(exc)}"
@@ -734,7 +748,9 @@ class DockerEngineBackend:
             previous = docker_layers.load(record, container.id) if manifest is not None else None
             image, below = None, base
             if previous is not None and manifest is not None and upper is not None:
-                done = self._commit_difference(container, upper, previous, manifest, ref, changes)
+                done = docker_layers.commit_difference(
+                    self._client, container, upper, previous, manifest, ref, changes
+                )
                 if done is not None:  # the helper is gone, and its links with it
                     image, below, linked = done
                     with contextlib.suppress(OSError):
@@ -745,6 +761,7 @@ class DockerEngineBackend:
             if pause:
                 with contextlib.suppress(docker.errors.APIError):
                     container.unpause()
+            self._snapshotting.discard(sandbox_id)
         if manifest is not None:
             try:
                 docker_layers.save(record, container.id, ref, manifest)
@@ -768,65 +785,6 @@ class DockerEngineBackend:
             raise errors.OrchardError(
                 f"the engine could not snapshot sandbox {sandbox_id!r}: {_explanation(exc)}"
             ) from exc
-
-    def _commit_difference(
-        self,
-        container: Any,
-        upper: Path,
-        previous: tuple[str, docker_layers.Manifest],
-        manifest: docker_layers.Manifest,
-        ref: str,
-        changes: list[str],
-    ) -> tuple[Any, Any, list[str]] | None:
-        """The snapshot as the previous one plus what changed since (see
-        :mod:`.docker_layers`), the previous one's image and the files hard-linked; None
-        when that cannot be had (the previous image is gone, its layers are many, the
-        engine's storage is not this host's overlay), and a full commit is taken instead."""
-        previous_ref, before = previous
-        name = f"{container.name}-snapshot"
-        with contextlib.suppress(docker.errors.NotFound):
-            self._client.api.remove_container(name, force=True)  # a crash's leftover
-        try:
-            below = self._client.images.get(previous_ref)
-            if len(below.attrs.get("RootFS", {}).get("Layers") or []) >= MAX_SNAPSHOT_LAYERS:
-                return None
-            helper = self._client.containers.create(
-                previous_ref,
-                name=name,
-                command=["never-started"],
-                entrypoint=["never-started"],
-                labels={LABEL_INSTANCE: self._settings.instance},
-                network_mode="none",
-            )
-        except docker.errors.APIError:
-            return None
-        try:
-            target = self._upper_dir(helper.attrs)
-            if target is None:
-                return None
-            linked = docker_layers.write_difference(upper, target, before, manifest)
-            repository, _, tag = ref.rpartition(":")
-            return helper.commit(repository=repository, tag=tag, changes=changes), below, linked
-        except (OSError, docker_layers.Unsupported, docker.errors.APIError) as exc:
-            log.warning(
-                "an incremental snapshot failed; taking a full one",
-                extra={"snapshot_image": ref, "error": str(exc)},
-            )
-            return None
-        finally:
-            with contextlib.suppress(docker.errors.APIError):
-                self._client.api.remove_container(helper.id, force=True)
-
-    @staticmethod
-    def _upper_dir(attrs: dict[str, Any]) -> Path | None:
-        """A container's writable layer, if the engine keeps it in an overlay directory of
-        this host (the engine may be remote, or use another storage driver)."""
-        driver = attrs.get("GraphDriver") or {}
-        upper = (driver.get("Data") or {}).get("UpperDir")
-        if driver.get("Name") not in ("overlay", "overlay2") or not upper:
-            return None
-        path = Path(upper)
-        return path if path.is_dir() else None
 
     def _layers_file(self, sandbox_id: str) -> Path:
         return self._settings.state_dir / "snapshot-layers" / f"{sandbox_id}.json"

@@ -20,17 +20,27 @@ marker (redirects, metacopy) make the caller fall back to a full commit.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import logging
 import os
 import stat
 from pathlib import Path
+from typing import Any
+
+import docker
 
 Entry = tuple[int, int, int, int, int, int, int, bool]
 """``(st_mode, uid, gid, size, mtime_ns, ctime_ns, inode, opaque)`` of one path."""
 Manifest = dict[str, Entry]
 """What an upper directory held, by path relative to it (``/``-separated)."""
 
+log = logging.getLogger(__name__)
+
+MAX_LAYERS = 100
+"""An incremental snapshot adds a layer; past this many, the next one is a full commit of
+the sandbox over its own image (overlay mounts a bounded number of layers)."""
 OPAQUE = "trusted.overlay.opaque"
 _UNSUPPORTED = ("trusted.overlay.redirect", "trusted.overlay.metacopy")
 _KEPT_PREFIXES = ("user.", "security.", "trusted.")
@@ -213,3 +223,63 @@ def load(path: Path, container_id: str) -> tuple[str, Manifest] | None:
     if not isinstance(paths, dict) or not isinstance(data.get("image"), str):
         return None
     return data["image"], {key: tuple(value) for key, value in paths.items()}
+
+
+def commit_difference(
+    client: docker.DockerClient,
+    container: Any,
+    upper: Path,
+    previous: tuple[str, Manifest],
+    manifest: Manifest,
+    ref: str,
+    changes: list[str],
+) -> tuple[Any, Any, list[str]] | None:
+    """``container`` committed as the previous snapshot plus what changed since, with the
+    previous snapshot's image and the files hard-linked (for :func:`relinked`); None when
+    that cannot be had (the previous image is gone, its layers are many, the engine's
+    storage is not this host's overlay) and a full commit must be taken instead."""
+    previous_ref, before = previous
+    name = f"{container.name}-snapshot"
+    with contextlib.suppress(docker.errors.NotFound):
+        client.api.remove_container(name, force=True)  # a crash's leftover
+    try:
+        below = client.images.get(previous_ref)
+        if len(below.attrs.get("RootFS", {}).get("Layers") or []) >= MAX_LAYERS:
+            return None
+        helper = client.containers.create(
+            previous_ref,
+            name=name,
+            command=["never-started"],
+            entrypoint=["never-started"],
+            labels=dict(container.labels),
+            network_mode="none",
+        )
+    except docker.errors.APIError:
+        return None
+    try:
+        target = upper_dir(helper.attrs)
+        if target is None:
+            return None
+        linked = write_difference(upper, target, before, manifest)
+        repository, _, tag = ref.rpartition(":")
+        return helper.commit(repository=repository, tag=tag, changes=changes), below, linked
+    except (OSError, Unsupported, docker.errors.APIError) as exc:
+        log.warning(
+            "an incremental snapshot failed; taking a full one",
+            extra={"snapshot_image": ref, "error": str(exc)},
+        )
+        return None
+    finally:
+        with contextlib.suppress(docker.errors.APIError):
+            client.api.remove_container(helper.id, force=True)
+
+
+def upper_dir(attrs: dict[str, Any]) -> Path | None:
+    """A container's writable layer, if the engine keeps it in an overlay directory of
+    this host (the engine may be remote, or use another storage driver)."""
+    driver = attrs.get("GraphDriver") or {}
+    upper = (driver.get("Data") or {}).get("UpperDir")
+    if driver.get("Name") not in ("overlay", "overlay2") or not upper:
+        return None
+    path = Path(upper)
+    return path if path.is_dir() else None

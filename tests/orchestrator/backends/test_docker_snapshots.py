@@ -24,6 +24,7 @@ from orchard_env.orchestrator.backends.base import (
 )
 from orchard_env.orchestrator.backends.docker_engine import (
     LABEL_INSTANCE,
+    LABEL_SANDBOX_ID,
     SNAPSHOT_REPOSITORY,
     DockerEngineBackend,
 )
@@ -174,7 +175,8 @@ async def test_successive_snapshots_store_only_what_changed(
     assert (
         await run(
             at_first,
-            "cat /workspace/gone /workspace/tree/sub/y /linuxrc >/dev/null && wc -c < /workspace/big",
+            "cat /workspace/gone /workspace/tree/sub/y /linuxrc >/dev/null"
+            " && wc -c < /workspace/big",
         )
         == "1000000\n"
     )
@@ -228,7 +230,8 @@ async def test_an_incremental_snapshot_never_follows_the_sandboxs_links(
     await backend.snapshot(source.sandbox_id, f"snap-{secrets.token_hex(6)}")
     await run(
         source,
-        f"rm -r /workspace/d && ln -s {host} /workspace/d && mkdir /workspace/e && ln -s {host}/planted /workspace/e/l",
+        f"rm -r /workspace/d && ln -s {host} /workspace/d"
+        f" && mkdir /workspace/e && ln -s {host}/planted /workspace/e/l",
     )
     second = await backend.snapshot(source.sandbox_id, f"snap-{secrets.token_hex(6)}")
     assert list(host.iterdir()) == []
@@ -237,6 +240,24 @@ async def test_an_incremental_snapshot_never_follows_the_sandboxs_links(
         await run(restored, "readlink /workspace/d; readlink /workspace/e/l")
         == f"{host}\n{host}/planted\n"
     )
+
+
+async def test_a_sandbox_left_paused_by_an_interrupted_snapshot_is_resumed(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    docker_client: docker.DockerClient,
+) -> None:
+    """A snapshot pauses the sandbox; a service killed before resuming it leaves it frozen,
+    which the next look at it (adoption, the reaper's inspection) undoes."""
+    source = await backend.create(spec())
+    (container,) = docker_client.containers.list(
+        filters={"label": f"{LABEL_SANDBOX_ID}={source.sandbox_id}"}
+    )
+    container.pause()
+    assert [found.sandbox_id for found in await backend.list()] == [source.sandbox_id]
+    container.reload()
+    assert container.status == "running"
+    assert await run(source, "echo alive") == "alive\n"
 
 
 async def test_restoring_a_snapshot_whose_workdir_is_now_a_file_is_a_clear_error(
