@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import sys
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -48,23 +47,17 @@ UseOpt = Annotated[
         "the current context changes only when there is none yet.",
     ),
 ]
+OutputOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--output",
+        "-o",
+        help="Output format: json, yaml, wide (more columns) or name (KIND/ID per line).",
+        show_default=False,
+    ),
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only ids, one per line.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
-
-
-def encode(value: Any) -> Any:
-    """Plain data from pydantic models (and lists and dicts of them), JSON's types only."""
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    if isinstance(value, list | tuple):
-        return [encode(item) for item in value]
-    if isinstance(value, dict):
-        return {key: encode(item) for key, item in value.items()}
-    return value
-
-
-def print_json(data: Any) -> None:
-    """Write JSON to stdout (pydantic models and lists of them included)."""
-    sys.stdout.write(json.dumps(encode(data), indent=2, default=str) + "\n")
 
 
 def confirm(question: str, *, yes: bool) -> None:

@@ -13,16 +13,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from orchard_cli.console import (
-    ApiKeyOpt,
-    ContextOpt,
-    JsonOpt,
-    UrlOpt,
-    connect,
-    err,
-    out,
-    print_json,
-)
+from orchard_cli.console import ApiKeyOpt, ContextOpt, JsonOpt, UrlOpt, connect, err, out
+from orchard_cli.output import print_json
 from orchard_env.cost.estimate import Estimate, build_request, estimate_cost
 from orchard_env.cost.markdown import (
     estimate_markdown,
@@ -36,7 +28,8 @@ from orchard_env.cost.prices import PriceMode
 from orchard_env.cost.profile import CostProfile, load_profile
 from orchard_env.cost.report import CostReport, build_cost_report, load_usage_file, parse_when
 from orchard_env.errors import InvalidRequest
-from orchard_env.protocol import UsageReport, format_memory
+from orchard_env.protocol import UsageReport
+from orchard_env.quantities import format_memory
 
 app = typer.Typer(
     help="What sandboxes cost on AKS, spot vs on-demand, next to managed services.",

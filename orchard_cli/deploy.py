@@ -13,7 +13,7 @@ from manifests.deploy import dry_run
 from manifests.deploy import undeploy as undeploy_service
 from manifests.render import render, to_yaml, values_from_profile
 from orchard_cli.console import UseOpt, YesOpt, confirm, err, out
-from orchard_env import config
+from orchard_env import contexts
 from orchard_env.errors import BackendUnavailable
 from provision.profile import DeploymentProfile, load_profile
 
@@ -142,7 +142,7 @@ def deploy(
     err.print(f"[green]✓[/] {changed} changed, {len(result.applied) - changed} unchanged")
     name = context or profile.name
     if result.api_key is not None:
-        current = config.write_context(
+        current = contexts.write_context(
             name, {"url": result.endpoint, "api_key": result.api_key}, make_current=use
         )
         made = "a new admin key" if result.key_created else "the deployment's admin key"
@@ -181,7 +181,7 @@ def undeploy(
     else:
         err.print("Nothing to delete: the namespaces do not exist.")
     name = context or profile.name
-    if config.remove_context(name):
+    if contexts.remove_context(name):
         err.print(f"[green]✓[/] context {name!r} removed")
 
 

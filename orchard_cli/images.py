@@ -13,7 +13,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from orchard_cli.console import JsonOpt, err, out, print_json
+from orchard_cli.console import JsonOpt, err, out
+from orchard_cli.output import print_json
 
 app = typer.Typer(help="Build, push and list the images Orchard uses.", no_args_is_help=True)
 

@@ -10,13 +10,14 @@ from orchard_cli.console import (
     ApiKeyOpt,
     ContextOpt,
     JsonOpt,
+    OutputOpt,
+    QuietOpt,
     UrlOpt,
     connect,
     err,
     out,
-    print_json,
 )
-from orchard_cli.output import Column, OutputOpt, QuietOpt, emit_list, output_format, when
+from orchard_cli.output import Column, emit_list, output_format, print_json, when
 
 if TYPE_CHECKING:
     from orchard_env.protocol import KeyInfo

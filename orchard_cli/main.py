@@ -40,6 +40,11 @@ def main() -> None:
     if sys.argv[1:] == ["--version"]:  # the one answer that needs no command-line parser
         sys.stdout.write(version_line())
         sys.exit(0)
+    if sys.argv[1:3] == ["sandbox", "list"]:  # what scripts run most: see orchard_cli.listing
+        from orchard_cli.listing import quick_sandbox_list
+
+        if quick_sandbox_list(sys.argv[3:]):
+            sys.exit(0)
     import typer
 
     from orchard_cli.app import app

@@ -6,31 +6,18 @@ wrapped or dropped (a pipe gets every column of every row, whatever its width).
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Annotated, Any, Generic, TypeVar
+from datetime import UTC, datetime
+from typing import Any, Generic, TypeVar
 
-import typer
-
-from orchard_cli.console import encode, print_json
 from orchard_env.errors import InvalidRequest
 
 T = TypeVar("T")
 
 FORMATS = ("json", "yaml", "wide", "name")
-
-OutputOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--output",
-        "-o",
-        help="Output format: json, yaml, wide (more columns) or name (KIND/ID per line).",
-        show_default=False,
-    ),
-]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only ids, one per line.")]
 
 
 @dataclass(frozen=True)
@@ -38,6 +25,22 @@ class Column(Generic[T]):
     header: str
     value: Callable[[T], str]
     wide: bool = False  # only with -o wide
+
+
+def encode(value: Any) -> Any:
+    """Plain data from pydantic models (and lists and dicts of them), JSON's types only."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, list | tuple):
+        return [encode(item) for item in value]
+    if isinstance(value, dict):
+        return {key: encode(item) for key, item in value.items()}
+    return value
+
+
+def print_json(data: Any) -> None:
+    """Write JSON to stdout (pydantic models and lists of them included)."""
+    sys.stdout.write(json.dumps(encode(data), indent=2, default=str) + "\n")
 
 
 def output_format(output: str | None, *, json_: bool = False, quiet: bool = False) -> str:
@@ -58,7 +61,10 @@ def output_format(output: str | None, *, json_: bool = False, quiet: bool = Fals
     return chosen[0] if chosen else "table"
 
 
-def when(value: datetime | None) -> str:
+def when(value: datetime | float | None) -> str:
+    """An instant to the second, UTC; a float is Unix epoch seconds (the wire's form)."""
+    if isinstance(value, float | int):
+        value = datetime.fromtimestamp(value, UTC)
     return value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
 
 

@@ -10,13 +10,14 @@ from orchard_cli.console import (
     ApiKeyOpt,
     ContextOpt,
     JsonOpt,
+    OutputOpt,
+    QuietOpt,
     UrlOpt,
     connect,
     err,
     out,
-    print_json,
 )
-from orchard_cli.output import Column, OutputOpt, QuietOpt, emit_list, output_format, pairs
+from orchard_cli.output import Column, emit_list, output_format, pairs, print_json
 from orchard_cli.sandbox import EnvOpt, _pairs
 from orchard_env.protocol import PoolInfo
 from orchard_env.smoke import DEFAULT_IMAGE

@@ -17,6 +17,8 @@ from orchard_cli.console import (
     ApiKeyOpt,
     ContextOpt,
     JsonOpt,
+    OutputOpt,
+    QuietOpt,
     UrlOpt,
     YesOpt,
     complete_sandbox_ids,
@@ -24,23 +26,14 @@ from orchard_cli.console import (
     connect,
     err,
     out,
-    print_json,
 )
-from orchard_cli.output import (
-    Column,
-    OutputOpt,
-    QuietOpt,
-    emit_list,
-    emit_one,
-    output_format,
-    pairs,
-    when,
-)
+from orchard_cli.listing import emit_sandboxes
+from orchard_cli.output import Column, emit_list, emit_one, encode, output_format, print_json, when
 from orchard_env.errors import InvalidRequest, JobNotFound
 from orchard_env.smoke import DEFAULT_IMAGE
 
 if TYPE_CHECKING:
-    from orchard_env.protocol import FileEntry, SandboxInfo
+    from orchard_env.protocol import FileEntry
     from orchard_env.sdk import SandboxClient
 
 app = typer.Typer(help="Create, drive and delete sandboxes.", no_args_is_help=True)
@@ -67,24 +60,6 @@ def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
             )
         pairs[key] = value
     return pairs
-
-
-SANDBOX_COLUMNS: tuple[Column[SandboxInfo], ...] = (
-    Column("ID", lambda sb: sb.sandbox_id),
-    Column("STATUS", lambda sb: sb.status.value),
-    Column("IMAGE", lambda sb: sb.image),
-    Column("CPU", lambda sb: sb.cpu),
-    Column("MEMORY", lambda sb: sb.memory),
-    Column("NETWORK", lambda sb: "blocked" if sb.block_network else "open"),
-    Column("LABELS", lambda sb: pairs(sb.labels)),
-    Column("CREATED", lambda sb: when(sb.created_at)),
-    Column("EXPIRES", lambda sb: when(sb.expires_at), wide=True),
-    Column("LAST ACTIVITY", lambda sb: when(sb.last_activity_at), wide=True),
-    Column("SNAPSHOT", lambda sb: sb.source_snapshot or "", wide=True),
-    Column("OWNER", lambda sb: sb.owner or "", wide=True),
-    Column("BACKEND", lambda sb: sb.backend, wide=True),
-    Column("MESSAGE", lambda sb: sb.status_message, wide=True),
-)
 
 
 FILE_COLUMNS: tuple[Column[FileEntry], ...] = (
@@ -172,7 +147,7 @@ def _binary(size: int) -> str:
 def _quantities(cpu: str | None, memory: str | None) -> list[str]:
     """What the quantities mean, as the service will read them (``memory 8G = 7.45 GiB``);
     a value that does not parse is left to the service's 400, which names the field."""
-    from orchard_env.protocol import parse_cpu, parse_memory
+    from orchard_env.quantities import parse_cpu, parse_memory
 
     lines = []
     with contextlib.suppress(ValueError):
@@ -208,7 +183,7 @@ def list_(
         sandboxes = client.list_sandboxes(
             labels=_pairs(label, "label") or None, status=status, chunk_size=chunk_size
         )
-    emit_list(sandboxes, SANDBOX_COLUMNS, fmt, kind="sandbox", key=lambda sb: sb.sandbox_id)
+    emit_sandboxes(encode(sandboxes), fmt)
 
 
 @app.command()

@@ -12,8 +12,9 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from orchard_cli.console import JsonOpt, UseOpt, YesOpt, confirm, err, out, print_json
-from orchard_env import config
+from orchard_cli.console import JsonOpt, UseOpt, YesOpt, confirm, err, out
+from orchard_cli.output import print_json
+from orchard_env import config, contexts
 from orchard_env.config import service_settings
 from orchard_env.errors import ConfigError, InvalidRequest
 from provision.base import STAGES, Change, ServiceStatus, check_target
@@ -95,7 +96,7 @@ def _target(
     ORCHARD_CONTEXT > the current context > the default (``local``, or the profile's name).
     A context's recorded target, state dir and port are used unless a flag says otherwise; a
     flag that contradicts a context named explicitly is refused."""
-    choice = config.choose_context(config.load_config_file(), context, must_exist=not creating)
+    choice = contexts.choose_context(contexts.load_config_file(), context, must_exist=not creating)
     recorded = str(choice.values.get("target", "local")) if choice.exists else None
     profile: DeploymentProfile | None = None
     if profile_path is not None:
@@ -117,10 +118,10 @@ def _target(
                 f"not {target}",
                 hint="drop --target/--profile, or name another context",
             )
-        choice = config.ContextChoice(None, {}, "default")  # the current one is another kind
+        choice = contexts.ContextChoice(None, {}, "default")  # the current one is another kind
     if target == "local":
         if choice.name is None:
-            choice = config.ContextChoice(DEFAULT_CONTEXT, {}, "default")
+            choice = contexts.ContextChoice(DEFAULT_CONTEXT, {}, "default")
         provider = LocalProvider.for_context(
             choice, port=port, state_dir=state_dir, make_current=use
         )

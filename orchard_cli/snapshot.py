@@ -13,6 +13,8 @@ from orchard_cli.console import (
     ApiKeyOpt,
     ContextOpt,
     JsonOpt,
+    OutputOpt,
+    QuietOpt,
     UrlOpt,
     YesOpt,
     complete_sandbox_ids,
@@ -21,18 +23,8 @@ from orchard_cli.console import (
     connect,
     err,
     out,
-    print_json,
 )
-from orchard_cli.output import (
-    Column,
-    OutputOpt,
-    QuietOpt,
-    emit_list,
-    emit_one,
-    output_format,
-    pairs,
-    when,
-)
+from orchard_cli.output import Column, emit_list, emit_one, output_format, pairs, print_json, when
 from orchard_cli.sandbox import EnvOpt, LabelOpt, _pairs
 from orchard_env.errors import SnapshotNotFound
 

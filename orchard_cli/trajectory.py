@@ -14,13 +14,14 @@ from orchard_cli.console import (
     ApiKeyOpt,
     ContextOpt,
     JsonOpt,
+    OutputOpt,
+    QuietOpt,
     UrlOpt,
     complete_sandbox_ids,
     connect,
     err,
-    print_json,
 )
-from orchard_cli.output import Column, OutputOpt, QuietOpt, emit_list, output_format
+from orchard_cli.output import Column, emit_list, output_format, print_json
 
 if TYPE_CHECKING:
     from orchard_env.protocol import TrajectorySummary

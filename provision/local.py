@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchard_env import config
+from orchard_env import config, contexts
 from orchard_env.config import ServiceSettings
 from orchard_env.errors import ConfigError, OrchardError
 from orchard_env.sdk import SandboxClient
@@ -145,7 +145,7 @@ class LocalProvider:
     @classmethod
     def for_context(
         cls,
-        choice: config.ContextChoice,
+        choice: contexts.ContextChoice,
         *,
         port: int | None = None,
         state_dir: str | None = None,
@@ -240,7 +240,7 @@ class LocalProvider:
             if pid is not None:
                 self._stop_process(pid, progress)
             pid = self._start_process(progress)
-        current = config.write_context(
+        current = contexts.write_context(
             self.context,
             {
                 "url": self.url,
@@ -296,7 +296,7 @@ class LocalProvider:
             sandboxes=sandboxes,
             instance=self.settings.instance,
             context=self.context,
-            context_exists=self.context in config.load_config_file().get("contexts", {}),
+            context_exists=self.context in contexts.load_config_file().get("contexts", {}),
         )
 
     def down(self, progress: Progress) -> None:
@@ -307,7 +307,7 @@ class LocalProvider:
         removed = asyncio.run(self._remove_sandboxes())
         if removed:
             progress(f"removed {removed} sandbox container(s)")
-        config.remove_context(self.context)
+        contexts.remove_context(self.context)
 
     async def _remove_sandboxes(self, *, delete: bool = True) -> int:
         """Delete the containers of this service (its instance and state dir), with or without
@@ -348,7 +348,7 @@ class LocalProvider:
         from orchard_env.orchestrator.keys import create_key_sync, key_is_valid_sync
 
         with contextlib.suppress(OrchardError):
-            _, values = config.active_context(config.load_config_file(), self.context)
+            _, values = contexts.active_context(contexts.load_config_file(), self.context)
             existing = values.get("api_key")
             if existing and key_is_valid_sync(self.settings, existing, admin=True):
                 return str(existing)

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchard_env.errors import ConfigError
-from orchard_env.protocol import parse_cpu, parse_memory
+from orchard_env.quantities import parse_cpu, parse_memory
 
 Target = Literal["local", "aks", "kubeconfig"]
 Tier = Literal["Free", "Standard", "Premium"]

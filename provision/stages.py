@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from orchard_env import config
+from orchard_env import contexts
 from orchard_env.errors import ConfigError, OrchardError
 from provision.aks import AksTarget
 from provision.base import STAGES, Change, Progress, ServiceStatus, StageResult, UpResult
@@ -432,7 +432,7 @@ class ClusterDeployment:
                 "deploy/orchard-orchestrator -- orchard keys create admin --admin --local`, "
                 f"then `orchard context add {self.context} --url {result.endpoint} --api-key ...`",
             )
-        current = config.write_context(
+        current = contexts.write_context(
             self.context,
             {"url": result.endpoint, "api_key": api_key, "target": self.target},
             make_current=self.make_current,
@@ -451,8 +451,8 @@ class ClusterDeployment:
 
     def _known_key(self) -> str | None:
         with contextlib.suppress(OrchardError):
-            contexts = config.load_config_file().get("contexts", {})
-            key = contexts.get(self.context, {}).get("api_key")
+            known = contexts.load_config_file().get("contexts", {})
+            key = known.get(self.context, {}).get("api_key")
             return str(key) if key else None
         return None
 
@@ -619,7 +619,7 @@ class ClusterDeployment:
             )
             with self._session():
                 infra.unlabel(list(provision.get("labelled_nodes", [])), progress)
-        config.remove_context(self.context)
+        contexts.remove_context(self.context)
         self.state.clear()
 
     def status(self) -> ServiceStatus:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchard_env import config
+from orchard_env import config, contexts
 from orchard_env.errors import ConfigError
 
 
@@ -30,34 +30,34 @@ def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def test_client_defaults_without_any_configuration() -> None:
-    settings = config.client_settings()
-    assert settings == config.ClientSettings("http://127.0.0.1:8000", None, None)
+    settings = contexts.client_settings()
+    assert settings == contexts.ClientSettings("http://127.0.0.1:8000", None, None)
 
 
 def test_client_precedence_flag_env_upstream_context(monkeypatch: pytest.MonkeyPatch) -> None:
-    config.write_context("lab", {"url": "http://context:1", "api_key": "ctx-key"})
-    assert config.client_settings().url == "http://context:1"
+    contexts.write_context("lab", {"url": "http://context:1", "api_key": "ctx-key"})
+    assert contexts.client_settings().url == "http://context:1"
     monkeypatch.setenv("SANDBOX_BASE_URL", "http://upstream:2/")
-    assert config.client_settings().url == "http://upstream:2"
+    assert contexts.client_settings().url == "http://upstream:2"
     monkeypatch.setenv("ORCHARD_URL", "http://orchard:3")
-    assert config.client_settings().url == "http://orchard:3"
-    assert config.client_settings(url="http://flag:4").url == "http://flag:4"
-    assert config.client_settings().api_key == "ctx-key"
-    assert config.client_settings().context == "lab"
+    assert contexts.client_settings().url == "http://orchard:3"
+    assert contexts.client_settings(url="http://flag:4").url == "http://flag:4"
+    assert contexts.client_settings().api_key == "ctx-key"
+    assert contexts.client_settings().context == "lab"
 
 
 def test_named_context_that_does_not_exist_lists_known_ones() -> None:
-    config.write_context("lab", {"url": "http://x:1"})
+    contexts.write_context("lab", {"url": "http://x:1"})
     with pytest.raises(ConfigError, match=r"context 'prod' is not in .*\(known: lab\)"):
-        config.client_settings(context="prod")
+        contexts.client_settings(context="prod")
 
 
 def test_config_file_is_private_and_contexts_can_be_removed(isolated: Path) -> None:
-    config.write_context("a", {"url": "http://a:1", "api_key": "secret"})
+    contexts.write_context("a", {"url": "http://a:1", "api_key": "secret"})
     assert stat.S_IMODE(isolated.stat().st_mode) == 0o600
-    assert config.remove_context("a")
-    assert not config.remove_context("a")
-    assert config.load_config_file() == {"contexts": {}}
+    assert contexts.remove_context("a")
+    assert not contexts.remove_context("a")
+    assert contexts.load_config_file() == {"contexts": {}}
 
 
 def test_service_bad_env_value_names_key_and_source(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,7 +86,7 @@ def test_service_section_of_config_file(isolated: Path) -> None:
 def test_invalid_toml_is_a_config_error(isolated: Path) -> None:
     isolated.write_text("this is = = not toml")
     with pytest.raises(ConfigError, match="is not valid TOML"):
-        config.client_settings()
+        contexts.client_settings()
 
 
 def test_unknown_backend_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,20 +8,20 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from orchard_env import protocol
+from orchard_env import protocol, quantities
 
 
 @pytest.mark.parametrize(
     ("value", "cores"), [("2", 2.0), ("500m", 0.5), (1, 1.0), (0.25, 0.25), ("1.5", 1.5)]
 )
 def test_cpu_quantities(value: str | float, cores: float) -> None:
-    assert protocol.parse_cpu(value) == cores
+    assert quantities.parse_cpu(value) == cores
 
 
 @pytest.mark.parametrize("value", ["two", "-1", "0", "5x", True])
 def test_bad_cpu_quantities(value: str | bool) -> None:
     with pytest.raises(ValueError, match="cpu"):
-        protocol.parse_cpu(value)
+        quantities.parse_cpu(value)
 
 
 @pytest.mark.parametrize(
@@ -35,19 +35,19 @@ def test_bad_cpu_quantities(value: str | bool) -> None:
     ],
 )
 def test_memory_quantities(value: str | int, size: int) -> None:
-    assert protocol.parse_memory(value) == size
+    assert quantities.parse_memory(value) == size
 
 
 @pytest.mark.parametrize("value", ["lots", "8GB", "0", "-1Gi"])
 def test_bad_memory_quantities(value: str) -> None:
     with pytest.raises(ValueError, match="memory"):
-        protocol.parse_memory(value)
+        quantities.parse_memory(value)
 
 
 def test_format_memory_picks_the_largest_exact_unit() -> None:
-    assert protocol.format_memory(8 * 1024**3) == "8Gi"
-    assert protocol.format_memory(1536 * 1024**2) == "1536Mi"
-    assert protocol.format_memory(1000) == "1000"
+    assert quantities.format_memory(8 * 1024**3) == "8Gi"
+    assert quantities.format_memory(1536 * 1024**2) == "1536Mi"
+    assert quantities.format_memory(1000) == "1000"
 
 
 @pytest.mark.parametrize(

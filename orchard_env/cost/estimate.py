@@ -45,7 +45,7 @@ from orchard_env.cost.prices import (
 )
 from orchard_env.cost.profile import CostProfile, Tier
 from orchard_env.errors import ConfigError, InvalidRequest
-from orchard_env.protocol import parse_cpu, parse_memory
+from orchard_env.quantities import parse_cpu, parse_memory
 
 PricingMode = Literal["on-demand", "spot", "both"]
 OsDisk = Literal["auto", "ephemeral", "managed"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from orchard_env.cost.estimate import Estimate
 from orchard_env.cost.report import CostReport
-from orchard_env.protocol import format_memory
+from orchard_env.quantities import format_memory
 
 
 def usd(value: float | None) -> str:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchard_env.cost.prices import VmSku
 from orchard_env.errors import InvalidRequest
-from orchard_env.protocol import parse_cpu, parse_memory
+from orchard_env.quantities import parse_cpu, parse_memory
 
 MIB = 1024**2
 

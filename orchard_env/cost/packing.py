@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchard_env.cost.nodes import MIB, NodeCapacity
 from orchard_env.errors import InvalidRequest
-from orchard_env.protocol import format_memory
+from orchard_env.quantities import format_memory
 
 Limit = Literal["cpu", "memory", "pods"]
 

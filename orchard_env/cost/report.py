@@ -47,7 +47,8 @@ from orchard_env.cost.prices import (
     load_price_table,
 )
 from orchard_env.errors import ConfigError, InvalidRequest, PermissionDenied, Unavailable
-from orchard_env.protocol import UsageRecord, UsageReport, parse_cpu, parse_memory
+from orchard_env.protocol import UsageRecord, UsageReport
+from orchard_env.quantities import parse_cpu, parse_memory
 
 POOL_LABELS = ("kubernetes.azure.com/agentpool", "agentpool")
 PRIORITY_LABEL = "kubernetes.azure.com/scalesetpriority"

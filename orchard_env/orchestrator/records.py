@@ -25,8 +25,8 @@ from orchard_env.protocol import (
     SandboxInfo,
     SandboxStatus,
     Snapshot,
-    format_memory,
 )
+from orchard_env.quantities import format_memory
 
 LIVE_STATUSES = frozenset({SandboxStatus.PENDING, SandboxStatus.READY, SandboxStatus.UNSCHEDULABLE})
 """Statuses of a sandbox whose container should exist."""

@@ -63,11 +63,8 @@ from orchard_env.protocol import (
     SandboxList,
     SandboxStatus,
     check_sandbox_id,
-    format_memory,
-    parse_memory,
-    sandbox_cpu,
-    sandbox_memory,
 )
+from orchard_env.quantities import format_memory, parse_memory, sandbox_cpu, sandbox_memory
 
 log = logging.getLogger(__name__)
 

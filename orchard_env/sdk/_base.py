@@ -30,7 +30,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from orchard_env import __version__, errors
-from orchard_env.config import client_settings
+from orchard_env.contexts import client_settings
 from orchard_env.protocol import check_sandbox_id, validation_text
 
 logger = logging.getLogger("orchard_env.sdk")

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orchard_cli.main import app
-from orchard_env import __version__, config
+from orchard_env import __version__, contexts
 from tests.cli.conftest import run_orchard_text
 
 runner = CliRunner()
@@ -109,14 +109,16 @@ def test_cp_needs_exactly_one_remote_side(tmp_path: Path) -> None:
 
 
 def test_context_commands(isolated: Path) -> None:
-    config.write_context("lab", {"url": "http://lab:8000", "api_key": "sekret", "target": "local"})
-    config.write_context("prod", {"url": "http://prod:8000"}, make_current=False)
+    contexts.write_context(
+        "lab", {"url": "http://lab:8000", "api_key": "sekret", "target": "local"}
+    )
+    contexts.write_context("prod", {"url": "http://prod:8000"}, make_current=False)
     listed = runner.invoke(app, ["context", "list"])
     assert listed.exit_code == 0 and "lab" in listed.stdout and "prod" in listed.stdout
     shown = runner.invoke(app, ["context", "show"])
     assert '"api_key": "***"' in shown.stdout and "sekret" not in shown.stdout
     assert runner.invoke(app, ["context", "use", "prod"]).exit_code == 0
-    assert config.load_config_file()["current_context"] == "prod"
+    assert contexts.load_config_file()["current_context"] == "prod"
     missing = run_orchard_text("context", "use", "nope", env={"ORCHARD_CONFIG": str(isolated)})
     assert missing.returncode == 125 and "no context named 'nope'" in missing.stderr
 
@@ -196,7 +198,7 @@ def test_bench_startup_reports_ratios_to_a_bare_interpreter() -> None:
 
 
 def test_a_cluster_context_is_never_taken_for_the_local_service(isolated: Path) -> None:
-    config.write_context("demo", {"url": "https://demo:443", "api_key": "k", "target": "aks"})
+    contexts.write_context("demo", {"url": "https://demo:443", "api_key": "k", "target": "aks"})
     env = {"ORCHARD_CONFIG": str(isolated), "PATH": "/usr/bin:/bin"}
     for command in (["status"], ["down", "--yes"]):
         done = run_orchard_text(*command, "--context", "demo", env=env)
@@ -205,12 +207,12 @@ def test_a_cluster_context_is_never_taken_for_the_local_service(isolated: Path) 
     local = run_orchard_text("down", "--context", "demo", "--target", "local", "--yes", env=env)
     assert local.returncode == 125
     assert "context 'demo' (from --context) is a deployment on aks, not local" in local.stderr
-    assert "demo" in config.load_config_file()["contexts"]  # nothing removed
+    assert "demo" in contexts.load_config_file()["contexts"]  # nothing removed
 
 
 def test_client_commands_take_the_flag_over_orchard_context(isolated: Path) -> None:
-    config.write_context("a", {"url": "http://127.0.0.1:9"})
-    config.write_context("b", {"url": "http://127.0.0.1:7"})
+    contexts.write_context("a", {"url": "http://127.0.0.1:9"})
+    contexts.write_context("b", {"url": "http://127.0.0.1:7"})
     env = {"ORCHARD_CONFIG": str(isolated), "PATH": "/usr/bin:/bin", "ORCHARD_CONTEXT": "a"}
     from_env = run_orchard_text("sandbox", "list", env=env)
     assert from_env.returncode == 125 and "127.0.0.1:9" in from_env.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchard_env import config
+from orchard_env import config, contexts
 from provision.local import LocalProvider, _pid_alive
 from tests.cli.conftest import run_orchard_text
 
@@ -65,7 +65,7 @@ def services(
 def test_first_context_is_current_and_later_ones_are_not(
     services: dict[str, LocalProvider],
 ) -> None:
-    data = config.load_config_file()
+    data = contexts.load_config_file()
     assert data["current_context"] == "mine"
     assert set(data["contexts"]) == {"mine", "other"}
 
@@ -102,7 +102,7 @@ def test_down_stops_only_the_named_context_and_says_what_it_stops(
     assert "remove context 'other'" in flat
     assert _pid_alive(mine_pid)
     assert not _pid_alive(other_pid)
-    data = config.load_config_file()
+    data = contexts.load_config_file()
     assert set(data["contexts"]) == {"mine"} and data["current_context"] == "mine"
 
 
@@ -149,7 +149,7 @@ def test_up_of_another_context_keeps_the_current_one_unless_asked(
     other = services["other"]
     summary = other.deploy(lambda _message: None).summary
     assert "context 'other' (not the current one)" in summary
-    assert config.load_config_file()["current_context"] == "mine"
+    assert contexts.load_config_file()["current_context"] == "mine"
     other.make_current = True
     assert "context 'other' (the current one)" in other.deploy(lambda _message: None).summary
-    assert config.load_config_file()["current_context"] == "other"
+    assert contexts.load_config_file()["current_context"] == "other"

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from manifests import BOOTSTRAP_SECRET, MASKED
 from orchard_cli.main import app
-from orchard_env import config
+from orchard_env import contexts
 from tests.manifests.kube_fake import FakeKube
 
 runner = CliRunner()
@@ -95,7 +95,7 @@ def test_deploy_writes_a_context_and_never_prints_the_key(kube: FakeKube, kubeco
     assert key not in result.stdout and key not in result.stderr
     assert "context 'k8s' written with a new admin key" in result.stderr
     assert "kubectl -n orchard port-forward svc/orchard 8000:80 --kubeconfig" in result.stderr
-    name, context = config.active_context(config.load_config_file())
+    name, context = contexts.active_context(contexts.load_config_file())
     assert (name, context) == ("k8s", {"url": "http://127.0.0.1:8000", "api_key": key})
 
     again = runner.invoke(app, args)
@@ -121,4 +121,4 @@ def test_undeploy_asks_first_then_deletes_and_removes_the_context(
     assert "deleted namespaces orchard-sandboxes, orchard" in result.stderr
     assert "context 'orchard' removed" in result.stderr
     assert kube.objects == {}
-    assert config.load_config_file().get("contexts") == {}
+    assert contexts.load_config_file().get("contexts") == {}

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from orchard_env import config
+from orchard_env import contexts
 from orchard_env.errors import ConfigError, EngineNotFound, OrchardError
 from provision.base import Progress, StageResult
 from provision.profile import parse_profile
@@ -245,7 +245,7 @@ def test_up_fails_at_images_without_a_builder_then_resumes_to_deploy(
     assert deployed is not None
     containers = deployed["spec"]["template"]["spec"]["containers"]
     assert containers[0]["image"] == refs["orchestrator"]
-    context = config.load_config_file()["contexts"]["lab"]
+    context = contexts.load_config_file()["contexts"]["lab"]
     assert context["url"] == "http://127.0.0.1:8000" and context["api_key"].startswith("ork_")
     outputs = DeploymentState(lab.state.path).outputs()
     assert outputs["deploy"]["port_forward"].startswith("kubectl -n orchard port-forward")

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchard_env import config, errors
+from orchard_env import contexts, errors
 from orchard_env.sdk import SandboxClient
 from tests.sdk.fakes import FakeService
 
@@ -23,8 +23,8 @@ def _seen_by(service: FakeService, **kwargs: object) -> httpx.Request:
 def context_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     path = tmp_path / "config.toml"
     monkeypatch.setenv("ORCHARD_CONFIG", str(path))
-    config.write_context("lab", {"url": "http://from-context:1", "api_key": "ork_context"})
-    config.write_context(
+    contexts.write_context("lab", {"url": "http://from-context:1", "api_key": "ork_context"})
+    contexts.write_context(
         "other", {"url": "http://other-context:2", "api_key": "ork_other"}, make_current=False
     )
     return path

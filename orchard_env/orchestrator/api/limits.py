@@ -9,7 +9,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchard_env.errors import PayloadTooLarge
 from orchard_env.orchestrator.api.errors import ErrorAsHTTP, error_response
-from orchard_env.protocol import format_memory
+from orchard_env.quantities import format_memory
 
 
 def too_large(limit: int, size: int | None = None) -> PayloadTooLarge:

@@ -21,10 +21,11 @@ with the sandbox's environment, when it enrolls the agent (see :mod:`orchard_env
 So the container's environment is the image's plus the agent's launcher variables only:
 nothing the sandbox sets (``LD_PRELOAD``...) applies to the agent itself.
 
-A snapshot is the container committed (paused for the moment it takes) to an image
+A snapshot is the container committed (paused while it is taken) to an image
 ``localhost/orchard/snapshots/<instance>:<snapshot id>`` labelled with its snapshot id and
-instance: its writable layer over the image it runs, so
-the image's layers are shared, not copied. Bind mounts (the agent bundle, ``/run/orchard``)
+instance: its writable layer over the image it runs, so the image's layers are shared, not
+copied; a later snapshot of the same sandbox is only what changed since, over the previous
+one (:mod:`.docker_layers`). Bind mounts (the agent bundle, ``/run/orchard``)
 are not part of a commit; the agent's secret and the source's record are blanked in the
 image's config. Containers restored from it share its layers too. A create whose image is
 a snapshot image (by name, or by any alias: its labels are checked) runs only if it is the
@@ -68,6 +69,7 @@ from orchard_env.agent.bundle import (
     launch_env,
 )
 from orchard_env.config import ServiceSettings, state_id
+from orchard_env.orchestrator.backends import docker_layers
 from orchard_env.orchestrator.backends import run_dir as run_dir_mount
 from orchard_env.orchestrator.backends.base import (
     SANDBOX_CAPABILITIES,
@@ -88,6 +90,10 @@ from orchard_env.tools.views import payload_harnesses, tool_mounts
 LABEL_CREATED_BY = "orchard.created-by"
 LABEL_INSTANCE = "orchard.instance"
 LABEL_STATE_ID = "orchard.state-id"
+log = logging.getLogger(__name__)
+MAX_SNAPSHOT_LAYERS = 100
+"""An incremental snapshot adds a layer; past this many, the next one is a full commit of
+the sandbox over its own image (overlay mounts a bounded number of layers)."""
 LABEL_SANDBOX_ID = "orchard.sandbox-id"
 LABEL_OWNER = "orchard.owner"
 LABEL_RECORD = "orchard.record"
@@ -126,8 +132,6 @@ _STATES = {
     "dead": SandboxState.EXITED,
     "removing": SandboxState.EXITED,
 }
-
-log = logging.getLogger(__name__)
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -710,6 +714,9 @@ class DockerEngineBackend:
             raise errors.OrchardError(
                 f"the engine could not remove sandbox {sandbox_id!r}: {_explanation(exc)}"
             ) from exc
+        self._layers_file(sandbox_id).unlink(missing_ok=True)
+        with contextlib.suppress(docker.errors.NotFound):  # an interrupted snapshot's helper
+            self._client.api.remove_container(f"{name}-snapshot", force=True)
         try:
             _remove_run_dir(run_dir)
         except OSError as exc:
@@ -735,13 +742,55 @@ class DockerEngineBackend:
             # The image's own entrypoint and command, not the agent launcher's.
             f"ENTRYPOINT {json.dumps(base_config.get('Entrypoint') or [])}",
             f"CMD {json.dumps(base_config.get('Cmd') or [])}",
+            # Blank when none: an incremental snapshot's image inherits the previous one's.
+            f"LABEL {LABEL_SNAPSHOT_PARENT}={parent or ''}",
         ]
-        if parent is not None:
-            changes.append(f"LABEL {LABEL_SNAPSHOT_PARENT}={parent}")
+        ref = f"{self.snapshot_repository}:{snapshot_id}"
+        upper = self._upper_dir(container.attrs)
+        record = self._layers_file(sandbox_id)
+        state = container.attrs.get("State") or {}
+        pause = bool(state.get("Running")) and not state.get("Paused")
         try:
-            image = container.commit(
-                repository=self.snapshot_repository, tag=snapshot_id, pause=True, changes=changes
-            )
+            if pause:  # the layer, its record and the commit: one instant
+                container.pause()
+        except docker.errors.APIError as exc:
+            raise errors.OrchardError(
+                f"the engine could not pause sandbox {sandbox_id!r} to snapshot it: "
+                f"{_explanation(exc)}"
+            ) from exc
+        try:
+            manifest = None
+            with contextlib.suppress(OSError, docker_layers.Unsupported):
+                manifest = docker_layers.scan(upper) if upper is not None else None
+            previous = docker_layers.load(record, container.id) if manifest is not None else None
+            image, below = None, base
+            if previous is not None and manifest is not None and upper is not None:
+                done = self._commit_difference(container, upper, previous, manifest, ref, changes)
+                if done is not None:  # the helper is gone, and its links with it
+                    image, below, linked = done
+                    with contextlib.suppress(OSError):
+                        docker_layers.relinked(upper, manifest, linked)
+            if image is None:
+                image, below = self._commit(container, sandbox_id, ref, changes), base
+        finally:
+            if pause:
+                with contextlib.suppress(docker.errors.APIError):
+                    container.unpause()
+        if manifest is not None:
+            try:
+                docker_layers.save(record, container.id, ref, manifest)
+            except OSError as exc:  # the last record stays: still a correct base, if older
+                log.warning(
+                    "could not record a snapshot's layer for the next one",
+                    extra={"sandbox_id": sandbox_id, "error": str(exc)},
+                )
+        added = int(image.attrs.get("Size") or 0) - int(below.attrs.get("Size") or 0)
+        return SnapshotImage(ref=ref, size_bytes=max(added, 0))
+
+    def _commit(self, container: Any, sandbox_id: str, ref: str, changes: list[str]) -> Any:
+        repository, _, tag = ref.rpartition(":")
+        try:
+            return container.commit(repository=repository, tag=tag, pause=False, changes=changes)
         except docker.errors.NotFound as exc:
             raise errors.SandboxNotFound(
                 f"sandbox {sandbox_id!r} disappeared while it was being snapshotted"
@@ -750,10 +799,68 @@ class DockerEngineBackend:
             raise errors.OrchardError(
                 f"the engine could not snapshot sandbox {sandbox_id!r}: {_explanation(exc)}"
             ) from exc
-        added = int(image.attrs.get("Size") or 0) - int(base.attrs.get("Size") or 0)
-        return SnapshotImage(
-            ref=f"{self.snapshot_repository}:{snapshot_id}", size_bytes=max(added, 0)
-        )
+
+    def _commit_difference(
+        self,
+        container: Any,
+        upper: Path,
+        previous: tuple[str, docker_layers.Manifest],
+        manifest: docker_layers.Manifest,
+        ref: str,
+        changes: list[str],
+    ) -> tuple[Any, Any, list[str]] | None:
+        """The snapshot as the previous one plus what changed since (see
+        :mod:`.docker_layers`), the previous one's image and the files hard-linked; None
+        when that cannot be had (the previous image is gone, its layers are many, the
+        engine's storage is not this host's overlay), and a full commit is taken instead."""
+        previous_ref, before = previous
+        name = f"{container.name}-snapshot"
+        with contextlib.suppress(docker.errors.NotFound):
+            self._client.api.remove_container(name, force=True)  # a crash's leftover
+        try:
+            below = self._client.images.get(previous_ref)
+            if len(below.attrs.get("RootFS", {}).get("Layers") or []) >= MAX_SNAPSHOT_LAYERS:
+                return None
+            helper = self._client.containers.create(
+                previous_ref,
+                name=name,
+                command=["never-started"],
+                entrypoint=["never-started"],
+                labels={LABEL_INSTANCE: self._settings.instance},
+                network_mode="none",
+            )
+        except docker.errors.APIError:
+            return None
+        try:
+            target = self._upper_dir(helper.attrs)
+            if target is None:
+                return None
+            linked = docker_layers.write_difference(upper, target, before, manifest)
+            repository, _, tag = ref.rpartition(":")
+            return helper.commit(repository=repository, tag=tag, changes=changes), below, linked
+        except (OSError, docker_layers.Unsupported, docker.errors.APIError) as exc:
+            log.warning(
+                "an incremental snapshot failed; taking a full one",
+                extra={"snapshot_image": ref, "error": str(exc)},
+            )
+            return None
+        finally:
+            with contextlib.suppress(docker.errors.APIError):
+                self._client.api.remove_container(helper.id, force=True)
+
+    @staticmethod
+    def _upper_dir(attrs: dict[str, Any]) -> Path | None:
+        """A container's writable layer, if the engine keeps it in an overlay directory of
+        this host (the engine may be remote, or use another storage driver)."""
+        driver = attrs.get("GraphDriver") or {}
+        upper = (driver.get("Data") or {}).get("UpperDir")
+        if driver.get("Name") not in ("overlay", "overlay2") or not upper:
+            return None
+        path = Path(upper)
+        return path if path.is_dir() else None
+
+    def _layers_file(self, sandbox_id: str) -> Path:
+        return self._settings.state_dir / "snapshot-layers" / f"{sandbox_id}.json"
 
     def _delete_snapshot(self, ref: str) -> bool:
         # Snapshots taken before repositories were per instance live in SNAPSHOT_REPOSITORY.

@@ -11,13 +11,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from orchard_env.protocol import (
-    NodeResources,
-    ResourceAmounts,
-    SandboxPod,
-    parse_cpu,
-    parse_memory,
-)
+from orchard_env.protocol import NodeResources, ResourceAmounts, SandboxPod
+from orchard_env.quantities import parse_cpu, parse_memory
 
 log = logging.getLogger(__name__)
 

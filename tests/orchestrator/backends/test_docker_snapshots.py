@@ -129,12 +129,114 @@ async def test_restore_gets_the_files_of_the_moment_of_the_snapshot(
     assert config["Labels"]["orchard.source-sandbox"] == source.sandbox_id
     assert config["Labels"][LABEL_INSTANCE] == settings.instance
     assert config["Labels"]["orchard.record"] == ""
-    assert "orchard.snapshot-parent" not in config["Labels"]
+    assert config["Labels"].get("orchard.snapshot-parent", "") == ""
     assert config["Labels"]["orchard.agent-key"] == ""  # blanked: the key is not in it
     assert not any(source_spec.agent_token in item for item in config["Env"])
     assert source_spec.agent_token not in json.dumps(committed.attrs)
     assert (config.get("Entrypoint") or []) == (base.get("Entrypoint") or [])
     assert (config.get("Cmd") or []) == (base.get("Cmd") or [])
+
+
+async def test_successive_snapshots_store_only_what_changed(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    docker_client: docker.DockerClient,
+    settings: ServiceSettings,
+    leftovers: Callable[[], list[str]],
+) -> None:
+    source = await backend.create(spec())
+    await run(
+        source,
+        "cd /workspace && head -c 1000000 /dev/urandom > big && echo keep > keep"
+        " && mkdir -p tree/sub && echo x > tree/x && echo y > tree/sub/y && echo f > gone",
+    )
+    first = await backend.snapshot(source.sandbox_id, f"snap-{secrets.token_hex(6)}")
+    assert first.size_bytes >= 1_000_000
+    await run(
+        source,
+        "cd /workspace && rm big gone && rm -r tree/sub && head -c 500000 /dev/zero > tree/new"
+        " && chmod 640 keep && ln -s keep link && mkfifo pipe"
+        " && rm /linuxrc && rm -r /usr/sbin && mkdir /usr/sbin && echo only > /usr/sbin/only",
+    )
+    second = await backend.snapshot(source.sandbox_id, f"snap-{secrets.token_hex(6)}")
+    assert 500_000 <= second.size_bytes < 600_000  # the new file, not the 1 MB one again
+    await run(source, "echo more > /usr/sbin/more && echo v3 > /workspace/keep")
+    third = await backend.snapshot(source.sandbox_id, f"snap-{secrets.token_hex(6)}")
+    assert third.size_bytes < 100_000  # nor the new file of the second
+    layers = [
+        len(docker_client.images.get(i.ref).attrs["RootFS"]["Layers"])
+        for i in (first, second, third)
+    ]
+    assert layers[1:] == [layers[0] + 1, layers[0] + 2]  # each on top of the one before
+
+    listing = "cd /workspace && ls -A . tree && ls -A /usr/sbin && stat -c '%a %F' keep pipe"
+    at_first = await backend.create(spec(**restoring(first)))
+    assert (
+        await run(
+            at_first,
+            "cat /workspace/gone /workspace/tree/sub/y /linuxrc >/dev/null && wc -c < /workspace/big",
+        )
+        == "1000000\n"
+    )
+    at_second = await backend.create(spec(**restoring(second)))
+    assert (await run(at_second, listing)).split() == [
+        ".:",
+        "keep",
+        "link",
+        "pipe",
+        "tree",
+        "tree:",
+        "new",
+        "x",
+        "only",
+        "640",
+        "regular",
+        "file",
+        "644",
+        "fifo",
+    ]
+    assert (
+        await run(
+            at_second,
+            "readlink /workspace/link; cat /workspace/keep; test ! -e /linuxrc && echo no-hostname",
+        )
+        == "keep\nkeep\nno-hostname\n"
+    )
+    at_third = await backend.create(spec(**restoring(third)))
+    assert (await run(at_third, "ls -A /usr/sbin; cat /workspace/keep")).split() == [
+        "more",
+        "only",
+        "v3",
+    ]
+    assert await run(source, "ls -A /usr/sbin; cat /workspace/keep") == "more\nonly\nv3\n"
+    record = settings.state_dir / "snapshot-layers" / f"{source.sandbox_id}.json"
+    assert record.is_file()
+    assert not [name for name in leftovers() if name.endswith("-snapshot")]  # no helper left
+    await backend.delete(source.sandbox_id)
+    assert not record.exists()
+
+
+async def test_an_incremental_snapshot_never_follows_the_sandboxs_links(
+    backend: DockerEngineBackend, spec: Callable[..., SandboxSpec], tmp_path: Path
+) -> None:
+    """A directory snapshotted once, then replaced by a link to a host path: the next
+    snapshot's whiteouts and files land in its own layer, never through the link."""
+    host = tmp_path / "host"
+    host.mkdir()
+    source = await backend.create(spec())
+    await run(source, "mkdir -p /workspace/d && echo f > /workspace/d/victim")
+    await backend.snapshot(source.sandbox_id, f"snap-{secrets.token_hex(6)}")
+    await run(
+        source,
+        f"rm -r /workspace/d && ln -s {host} /workspace/d && mkdir /workspace/e && ln -s {host}/planted /workspace/e/l",
+    )
+    second = await backend.snapshot(source.sandbox_id, f"snap-{secrets.token_hex(6)}")
+    assert list(host.iterdir()) == []
+    restored = await backend.create(spec(**restoring(second)))
+    assert (
+        await run(restored, "readlink /workspace/d; readlink /workspace/e/l")
+        == f"{host}\n{host}/planted\n"
+    )
 
 
 async def test_restoring_a_snapshot_whose_workdir_is_now_a_file_is_a_clear_error(
