@@ -24,7 +24,9 @@ import docker
 import pytest
 
 from images.local import ensure_busybox_image, ensure_sandbox_image, image_cache_dir
+from orchard_env.agent.bundle import RUN_DIR_MOUNT
 from orchard_env.errors import EngineNotFound
+from orchard_env.orchestrator.backends import run_dir
 from orchard_env.orchestrator.backends.docker_engine import (
     LABEL_CREATED_BY,
     LABEL_INSTANCE,
@@ -52,11 +54,15 @@ def _is_removable(labels: dict[str, str] | None, *, current: bool) -> bool:
 def _remove_test_objects(client: docker.DockerClient, *, current: bool) -> None:
     """Remove the containers, then the images (snapshots), of test instances: this session's
     (``current``) or dead sessions'. The list endpoints' own summaries are used: inspecting
-    each object would fail (Podman: 500 "no such ...") when another session removes it."""
+    each object would fail (Podman: 500 "no such ...") when another session removes it.
+    A container's agent directory is unmounted too (the backend's delete would have)."""
     created_by = {"label": f"{LABEL_CREATED_BY}=orchard"}
     for summary in client.api.containers(all=True, filters=created_by):
         if _is_removable(summary.get("Labels"), current=current):
             _ignore_gone(client.api.remove_container, summary["Id"], force=True, v=True)
+            for mount in summary.get("Mounts") or ():
+                if mount.get("Destination") == RUN_DIR_MOUNT:
+                    run_dir.unmount(Path(mount["Source"]))
     for summary in client.api.images(filters=created_by):
         if _is_removable(summary.get("Labels"), current=current):
             _ignore_gone(client.api.remove_image, summary["Id"], force=True)

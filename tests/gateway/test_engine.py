@@ -260,3 +260,32 @@ def test_an_unreachable_endpoint_is_a_clear_502(http: httpx.Client, sandbox_imag
     assert "the model endpoint 'down' is unreachable" in out["stdout"]
     [record] = calls(http, sandbox_id)
     assert record["status"] == 502 and record["upstream"] == "down"
+
+
+def test_forks_relay_their_own_calls_with_keys_of_their_own(
+    http: httpx.Client, sandbox_image: str
+) -> None:
+    """Each fork's calls are its own (id, numbering, budget), and so is its dummy key, in
+    its environment and in the harness files its snapshot holds from the parent."""
+    parent = create(http, sandbox_image, trajectory_id="ep-0", max_calls=1)
+    assert run(http, parent, curl("/v1/chat/completions", CHAT))["exit_code"] == 0
+    forked = http.post(f"/sandboxes/{parent}/fork", json={"count": 2})
+    assert forked.status_code == 201, forked.text
+    keys = {run(http, parent, "echo $OPENAI_API_KEY")["stdout"].strip()}
+    for fork in (s["sandbox_id"] for s in forked.json()["sandboxes"]):
+        out = run(
+            http,
+            fork,
+            curl("/v1/chat/completions", CHAT) + " -o /dev/null -w '%{http_code}\\n';"
+            "echo $OPENAI_API_KEY; grep api_key /tmp/orchard-harness/hermes/config.yaml",
+        )
+        status, key, hermes = out["stdout"].splitlines()
+        assert status == "200", out  # the parent's budget is spent, the fork's is its own
+        assert hermes == f'  api_key: "{key}"'
+        keys.add(key)
+        records = calls(http, fork)
+        assert [(r["sandbox_id"], r["trajectory_id"], r["seq"]) for r in records] == [
+            (fork, "ep-0", 1)
+        ]
+    assert len(keys) == 3
+    assert [r["sandbox_id"] for r in calls(http, parent)] == [parent]

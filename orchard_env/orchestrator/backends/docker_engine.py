@@ -12,7 +12,8 @@ inspect) once the image has been seen here. Per sandbox it makes:
   relocatable bundle (mounted read-only), so any image works, even one without a shell or
   Python;
 * a host directory ``<sandboxes_dir>/<sandbox_id>/`` mounted at ``/run/orchard``, where the
-  agent listens on a unix socket: reachable from the host even with no network at all.
+  agent listens on a unix socket: reachable from the host even with no network at all. It is
+  a small tmpfs of its own (:mod:`.run_dir`), so what the sandbox writes there is bounded.
 
 The sandbox's agent key is a label of the container (the engine's metadata, which nothing in
 the container can read), never its environment: the orchestrator hands it to the agent,
@@ -69,6 +70,7 @@ from orchard_env.agent.bundle import (
 )
 from orchard_env.config import ServiceSettings, state_id
 from orchard_env.orchestrator.backends import docker_layers
+from orchard_env.orchestrator.backends import run_dir as run_dir_mount
 from orchard_env.orchestrator.backends.base import (
     SANDBOX_CAPABILITIES,
     AgentEndpoint,
@@ -193,6 +195,13 @@ def find_engine(docker_host: str | None = None, *, timeout: float = 2.0) -> str:
 # --- backend -------------------------------------------------------------------------------
 
 
+def _remove_run_dir(run_dir: Path) -> None:
+    """Unmount a sandbox's directory and remove it; quiet when it is gone."""
+    run_dir_mount.unmount(run_dir)
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(run_dir)
+
+
 def _name_in_use(exc: docker.errors.APIError) -> bool:
     # Docker answers 409; Podman 4 answers 500 "... is already in use ...".
     return exc.status_code == 409 or "already in use" in str(exc.explanation or "")
@@ -264,6 +273,7 @@ class DockerEngineBackend:
         self._images_seen: set[str] = set()
         self._host_memory: int | None = None
         self._storage: tuple[str, str] | None = None
+        self._unbounded_said = False  # the warning that agent directories are not bounded
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -513,6 +523,7 @@ class DockerEngineBackend:
         self._settings.sandboxes_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         made_dir = not run_dir.exists()
         run_dir.mkdir(exist_ok=True)
+        self._bound(run_dir, made_dir)
         # The agent runs as the image's user, which may not be root: it must be able to make
         # its socket here. The parent (0700) keeps other host users out.
         run_dir.chmod(0o777)
@@ -528,13 +539,15 @@ class DockerEngineBackend:
             if _name_in_use(exc):  # a concurrent create of the same id won
                 raise self._exists(spec.sandbox_id) from exc
             if made_dir:
-                shutil.rmtree(run_dir, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    _remove_run_dir(run_dir)
             raise errors.OrchardError(
                 f"the engine could not create sandbox {spec.sandbox_id!r}: {_explanation(exc)}"
             ) from exc
         except errors.ImageNotFound:
             if made_dir:
-                shutil.rmtree(run_dir, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    _remove_run_dir(run_dir)
             raise
         if plain:
             self._images_seen.add(spec.image)
@@ -555,6 +568,26 @@ class DockerEngineBackend:
         described = self._describe(self._client.api.inspect_container(container_id))
         assert described is not None  # it carries this instance's labels, set above
         return described
+
+    def _bound(self, run_dir: Path, made_dir: bool) -> None:
+        """Mount the sandbox's bounded tmpfs at ``run_dir`` (:mod:`.run_dir`); where this
+        process may not mount, say once that the directory is not bounded."""
+        try:
+            bounded = run_dir_mount.mount(run_dir)
+        except OSError as exc:
+            if made_dir:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise errors.OrchardError(
+                f"could not bound the agent directory of sandbox {run_dir.name!r}: {exc}"
+            ) from exc
+        if not bounded and not self._unbounded_said:
+            self._unbounded_said = True
+            log.warning(
+                "sandboxes' agent directories (/run/orchard inside) are not size-bounded: "
+                "mounting their tmpfs needs root; code in a sandbox can fill the host's disk "
+                "through them",
+                extra={"sandboxes_dir": str(self._settings.sandboxes_dir)},
+            )
 
     @staticmethod
     def _exists(sandbox_id: str) -> errors.SandboxExists:
@@ -697,13 +730,11 @@ class DockerEngineBackend:
         with contextlib.suppress(docker.errors.NotFound):  # an interrupted snapshot's helper
             self._client.api.remove_container(f"{name}-snapshot", force=True)
         try:
-            shutil.rmtree(run_dir)
-        except FileNotFoundError:
-            pass
+            _remove_run_dir(run_dir)
         except OSError as exc:
             raise errors.OrchardError(
                 f"could not remove the sandbox directory {run_dir}: {exc}",
-                hint=f"remove it by hand: rm -rf {run_dir}",
+                hint=f"remove it by hand: umount {run_dir}; rm -rf {run_dir}",
             ) from exc
 
     # -- snapshots --------------------------------------------------------------------------

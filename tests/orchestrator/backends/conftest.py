@@ -18,13 +18,15 @@ import httpx
 import pytest
 
 from orchard_env.config import ServiceSettings
+from orchard_env.fake_model import FakeModel, running
 from orchard_env.orchestrator.app import create_app
 from orchard_env.orchestrator.backends.base import SANDBOX_CAPABILITIES, Backend, SandboxSpec
 from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend
+from orchard_env.orchestrator.gateway import harness
 from orchard_env.orchestrator.keys import create_key
 from orchard_env.orchestrator.services import Orchard
 from tests.kube_local import LocalCluster
-from tests.orchestrator.backends.kube_fake import FakeKubeApi, FakeKubelet, fake_cluster
+from tests.orchestrator.backends.kube_fake import FakeKubeApi, FakeKubelet, fake_cluster, free_port
 from tests.orchestrator.backends.kube_node import OnNode, deployed_on_node, node_images
 from tests.orchestrator.conftest import make_settings
 
@@ -93,6 +95,35 @@ async def kube(kube_settings: ServiceSettings) -> AsyncIterator[KubernetesBacken
     backend = KubernetesBackend(kube_settings)
     yield backend
     await backend.close()
+
+
+@pytest.fixture
+def model() -> Iterator[FakeModel]:
+    """The scripted fake model server, on loopback."""
+    with running() as fake:
+        yield fake
+
+
+@pytest.fixture
+def model_endpoints(model: FakeModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A model endpoints file whose default OpenAI endpoint is :func:`model` (its key in the
+    environment, as an operator would keep it)."""
+    endpoints = tmp_path / "endpoints.toml"
+    endpoints.write_text(
+        'default_openai = "fake"\n'
+        f'[endpoints.fake]\napi = "openai"\nbase_url = "{model.url}/v1"\n'
+        'key_env = "FAKE_MODEL_KEY"\nmodel = "fake-model"\n'
+    )
+    monkeypatch.setenv("FAKE_MODEL_KEY", model.key)
+    return endpoints
+
+
+@pytest.fixture
+def port(monkeypatch: pytest.MonkeyPatch) -> int:
+    """The harness port in a "pod": the fake kubelet's agents share the host's loopback."""
+    port = free_port()
+    monkeypatch.setattr(harness, "LISTEN_PORT", port)
+    return port
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from orchard_env import errors
 from orchard_env.agent.bundle import BUNDLE_MOUNT, RUN_DIR_MOUNT
 from orchard_env.agent.client import AgentClient, Exit, Output
 from orchard_env.config import ServiceSettings, service_settings
+from orchard_env.orchestrator.backends import run_dir as run_dir_mount
 from orchard_env.orchestrator.backends.base import (
     BackendSandbox,
     Capability,
@@ -341,6 +342,41 @@ async def test_delete_removes_container_and_dir_and_is_quiet_when_gone(
     assert await backend.inspect(sandbox.sandbox_id) is None
     await backend.delete(sandbox.sandbox_id)  # already gone: quiet
     await backend.delete("never-existed")
+
+
+def _bytes_under(folder: Path) -> int:
+    """What the files under ``folder`` take on its disk."""
+    return sum(path.lstat().st_blocks * 512 for path in folder.rglob("*"))
+
+
+async def test_writes_into_the_agent_directory_are_bounded_and_the_agent_survives_them(
+    backend: DockerEngineBackend, spec: Callable[..., SandboxSpec], settings: ServiceSettings
+) -> None:
+    sandbox = await _ready(backend, spec())
+    run_dir = settings.sandboxes_dir / sandbox.sandbox_id
+    # Root in the sandbox fills /run/orchard (the host directory of its agent's socket) with
+    # 64 MiB, then with as many empty files as it can make (up to 1,000), then one more.
+    fill = (
+        f"cd {RUN_DIR_MOUNT}; head -c {64 * MiB} /dev/zero > fill 2>/dev/null; "
+        "echo wrote $? $(wc -c < fill); "
+        "i=0; while [ $i -lt 1000 ] && true 2>/dev/null >f$i; do i=$((i + 1)); done; "
+        "echo files $i; touch more"
+    )
+    async with _agent(sandbox) as agent:
+        output, _ = await _run(agent, fill)
+    assert output.count("\n") == 3, output
+    wrote, files, refused = output.strip().splitlines()
+    status, size = wrote.removeprefix("wrote ").split()
+    assert status != "0" and int(size) <= run_dir_mount.SIZE_BYTES, output
+    assert int(files.removeprefix("files ")) < run_dir_mount.INODES, output
+    assert refused.endswith("No space left on device"), output
+    assert _bytes_under(run_dir) <= run_dir_mount.SIZE_BYTES
+    # Its agent still answers, on a new connection, and deleting the sandbox removes it all.
+    async with _agent(sandbox) as agent:
+        output, _ = await _run(agent, f"rm {RUN_DIR_MOUNT}/fill; echo still here")
+    assert output == "still here\n"
+    await backend.delete(sandbox.sandbox_id)
+    assert not run_dir.exists()
 
 
 async def test_list_sees_only_this_instance(

@@ -8,20 +8,18 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchard_env.config import ServiceSettings
-from orchard_env.fake_model import FakeModel, running
+from orchard_env.fake_model import FakeModel
 from orchard_env.orchestrator.gateway import harness
 from orchard_env.orchestrator.gateway.parks import PARKED
 from orchard_env.orchestrator.gateway.proxy import MAX_CONNECTIONS
 from orchard_env.orchestrator.services import Orchard
 from tests.orchestrator.backends.conftest import Cluster, Start
-from tests.orchestrator.backends.kube_fake import free_port
 from tests.orchestrator.backends.test_kubernetes_service import create_ready, run
 from tests.orchestrator.conftest import eventually
 
@@ -30,31 +28,8 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": 
 
 
 @pytest.fixture
-def model() -> Iterator[FakeModel]:
-    with running() as fake:
-        yield fake
-
-
-@pytest.fixture
-def port(monkeypatch: pytest.MonkeyPatch) -> int:
-    """The harness port in the "pod": the fake kubelet's agents share the host's loopback."""
-    port = free_port()
-    monkeypatch.setattr(harness, "LISTEN_PORT", port)
-    return port
-
-
-@pytest.fixture
-def settings(
-    cluster: Cluster, tmp_path: Path, model: FakeModel, monkeypatch: pytest.MonkeyPatch
-) -> ServiceSettings:
-    endpoints = tmp_path / "endpoints.toml"
-    endpoints.write_text(
-        'default_openai = "fake"\n'
-        f'[endpoints.fake]\napi = "openai"\nbase_url = "{model.url}/v1"\n'
-        'key_env = "FAKE_MODEL_KEY"\nmodel = "fake-model"\n'
-    )
-    monkeypatch.setenv("FAKE_MODEL_KEY", model.key)
-    return cluster.settings(tmp_path / "state", model_endpoints_file=endpoints)
+def settings(cluster: Cluster, tmp_path: Path, model_endpoints: Path) -> ServiceSettings:
+    return cluster.settings(tmp_path / "state", model_endpoints_file=model_endpoints)
 
 
 def request(path: str = "/v1/chat/completions", *, body: Any = CHAT) -> bytes:

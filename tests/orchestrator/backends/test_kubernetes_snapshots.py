@@ -4,6 +4,7 @@ orchard_env.snapshotter (on 127.0.0.1) pushing to the fake registry."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import subprocess
@@ -16,17 +17,28 @@ from typing import Any
 import docker
 import pytest
 
-from orchard_env import errors
+from orchard_env import errors, http1
+from orchard_env.agent import relay
+from orchard_env.agent.peer import tampered_error
 from orchard_env.config import ServiceSettings
+from orchard_env.fake_model import FakeModel
 from orchard_env.orchestrator.backends.base import Capability, SandboxState
 from orchard_env.orchestrator.backends.docker_engine import LABEL_CREATED_BY, LABEL_INSTANCE
 from orchard_env.orchestrator.backends.kube_objects import pod_name
 from orchard_env.orchestrator.backends.kubernetes import SNAPSHOTTER_LABEL, KubernetesBackend
+from orchard_env.orchestrator.gateway import harness
 from orchard_env.snapshotter.server import SnapshotterServer, SnapshotterSettings
-from tests.orchestrator.backends.conftest import NAMESPACE, Cluster
-from tests.orchestrator.backends.kube_fake import NODE, SNAPSHOTTER_RBAC_FILE, fake_cluster
+from tests.orchestrator.backends.conftest import NAMESPACE, Cluster, Start
+from tests.orchestrator.backends.kube_fake import (
+    NODE,
+    SNAPSHOTTER_RBAC_FILE,
+    fake_cluster,
+    free_port,
+)
 from tests.orchestrator.backends.registry_fake import PASSWORD, USER, FakeRegistry
 from tests.orchestrator.backends.test_kubernetes import make_spec
+from tests.orchestrator.backends.test_kubernetes_gateway import call, request
+from tests.orchestrator.backends.test_kubernetes_service import create_ready, run
 from tests.orchestrator.conftest import eventually
 
 SNAP_NAMESPACE = "orchard-snapshotter"
@@ -197,6 +209,33 @@ async def test_delete_snapshot_refuses_foreign_refs_and_reports_a_refusing_regis
         await kube.delete_snapshot(gone)
 
 
+@contextlib.contextmanager
+def stand_in(
+    registry: FakeRegistry,
+    docker_client: docker.DockerClient,
+    busybox_image: str,
+    engine_instance: str,
+    command: list[str],
+) -> Iterator[tuple[Any, dict[str, str]]]:
+    """A real Podman container standing in for a pod's main container (running ``command``
+    in the busybox image, pushed to the registry as its base), removed at the end; and the
+    container status fields a runtime would report for it (``containerID``, ``imageID``)."""
+    base = f"{registry.host}/orchard/busybox:base"
+    _podman("push", "--tls-verify=false", CREDS, busybox_image, f"docker://{base}")
+    body, _ = registry.state.manifests[("orchard/busybox", "base")]
+    base_id = f"{registry.host}/orchard/busybox@sha256:{hashlib.sha256(body).hexdigest()}"
+    container = docker_client.containers.run(
+        busybox_image,
+        command,
+        detach=True,
+        labels={LABEL_CREATED_BY: "orchard", LABEL_INSTANCE: engine_instance},
+    )
+    try:
+        yield container, {"containerID": f"containerd://{container.id}", "imageID": base_id}
+    finally:
+        container.remove(force=True)
+
+
 def _podman(*args: str) -> str:
     done = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -214,20 +253,12 @@ async def test_snapshot_pushes_the_sandbox_containers_layer(
 ) -> None:
     """The pod's container is a real Podman container (its id as containerd would report
     it): the real snapshotter finds it through /proc and pushes its layer."""
-    base = f"{registry.host}/orchard/busybox:base"
-    _podman("push", "--tls-verify=false", CREDS, busybox_image, f"docker://{base}")
-    body, _ = registry.state.manifests[("orchard/busybox", "base")]
-    base_id = f"{registry.host}/orchard/busybox@sha256:{hashlib.sha256(body).hexdigest()}"
-    container = docker_client.containers.run(
-        busybox_image,
-        ["sh", "-c", "echo from-k8s > /workspace/made.txt && sleep 600"],
-        detach=True,
-        labels={LABEL_CREATED_BY: "orchard", LABEL_INSTANCE: engine_instance},
-    )
-    try:
-        sandbox_id = await running_sandbox(
-            kube, snap_cluster, containerID=f"containerd://{container.id}", imageID=base_id
-        )
+    command = ["sh", "-c", "echo from-k8s > /workspace/made.txt && sleep 600"]
+    with stand_in(registry, docker_client, busybox_image, engine_instance, command) as (
+        container,
+        status,
+    ):
+        sandbox_id = await running_sandbox(kube, snap_cluster, **status)
         add_snapshotter_pod(snap_cluster)
 
         async def written() -> bool:
@@ -235,8 +266,6 @@ async def test_snapshot_pushes_the_sandbox_containers_layer(
 
         await eventually(written)
         image = await kube.snapshot(sandbox_id, "snap-k8s")
-    finally:
-        container.remove(force=True)
     assert image.ref.startswith(f"{registry.host}/orchard/snapshots:snap-k8s@sha256:")
     assert 0 < image.size_bytes < 100_000
 
@@ -247,3 +276,107 @@ async def test_snapshot_pushes_the_sandbox_containers_layer(
         _podman("rmi", "-f", image.ref)
     assert await kube.delete_snapshot(image.ref) is True
     assert ("orchard/snapshots", "snap-k8s") not in registry.state.manifests
+
+
+@pytest.mark.engine
+async def test_a_fork_and_a_restore_of_a_gateway_sandbox_relay_their_own_calls(
+    snap_settings: ServiceSettings,
+    snap_cluster: Cluster,
+    registry: FakeRegistry,
+    docker_client: docker.DockerClient,
+    busybox_image: str,
+    engine_instance: str,
+    model_endpoints: Path,
+    model: FakeModel,
+    port: int,
+    start: Start,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The parent's container is a real Podman container (for the snapshotter); its agent,
+    the fork's and the restored sandbox's are the fake kubelet's host processes, each on a
+    pod IP of its own. A pod's loopback is its own: here they share the host's, so each new
+    sandbox's harness port is another one (``harness.LISTEN_PORT`` when it enrolls)."""
+    with stand_in(registry, docker_client, busybox_image, engine_instance, ["sleep", "600"]) as (
+        _,
+        status,
+    ):
+        snap_cluster.kubelet.main_status[pod_name("parent")] = status
+        add_snapshotter_pod(snap_cluster)
+        orchard, http = await start(replace(snap_settings, model_endpoints_file=model_endpoints))
+        gateway = {"trajectory_id": "ep-0", "max_calls": 2}
+        await create_ready(http, sandbox_id="parent", model_gateway=gateway)
+        assert (await call(port, request()))[0] == 200
+
+        fork_port = free_port()
+        monkeypatch.setattr(harness, "LISTEN_PORT", fork_port)
+        forked = await http.post(
+            "/sandboxes/parent/fork", json={"count": 1, "sandbox_ids": ["fork"]}
+        )
+    assert forked.status_code == 201, forked.text
+    snapshot_id = forked.json()["snapshot"]["snapshot_id"]
+    [fork] = forked.json()["sandboxes"]
+    assert fork["model_gateway"]["trajectory_id"] == "ep-0"
+    # Each counts its own budget: the parent's second call is its last, the fork's first
+    # is its first. The fork's trajectory changes, not the parent's.
+    assert (await call(port, request()))[0] == 200
+    moved = await http.put("/sandboxes/fork/trajectory", json={"trajectory_id": "ep-0-b1"})
+    assert moved.status_code == 200, moved.text
+    assert (await call(fork_port, request()))[0] == 200
+    status, answer = await call(port, request())
+    assert status == 403, answer
+    assert answer["error"]["message"].startswith("model call budget exceeded: 2 of max_calls 2")
+
+    async def calls(sandbox_id: str) -> list[dict[str, Any]]:
+        response = await http.get(f"/sandboxes/{sandbox_id}/model-calls")
+        found: list[dict[str, Any]] = response.json()["calls"]
+        return found
+
+    async def recorded() -> bool:
+        return len(await calls("parent")) == 3 and len(await calls("fork")) == 1
+
+    await eventually(recorded)
+    [fork_call] = await calls("fork")
+    assert (fork_call["sandbox_id"], fork_call["trajectory_id"]) == ("fork", "ep-0-b1")
+    parent_calls = await calls("parent")
+    assert {(c["sandbox_id"], c["trajectory_id"]) for c in parent_calls} == {("parent", "ep-0")}
+    assert fork_call["seq"] == parent_calls[0]["seq"]  # numbered afresh
+
+    # Each has a dummy key and an agent key of its own: the parent's cannot park a relay
+    # at the fork's agent.
+    parent_record = await orchard.store.get_sandbox("parent")
+    fork_record = await orchard.store.get_sandbox("fork")
+    assert parent_record is not None and fork_record is not None
+    assert parent_record.model_gateway is not None and fork_record.model_gateway is not None
+    assert parent_record.model_gateway.dummy_key != fork_record.model_gateway.dummy_key
+    job = await run(http, "fork", "echo $OPENAI_API_KEY")
+    assert job["stdout"] == f"{fork_record.model_gateway.dummy_key}\n"
+    assert parent_record.agent is not None and fork_record.agent is not None
+    fork_agent = fork_record.agent
+    assert fork_agent.host is not None and fork_agent.port is not None
+    with pytest.raises(errors.AgentUnavailable, match="refused the model relay: HTTP 401"):
+        await relay.park(
+            fork_agent.host,
+            fork_agent.port,
+            parent_record.agent.token.encode(),
+            lambda message: tampered_error("the fork's agent", message),
+            limit=http1.MAX_HEAD,
+        )
+
+    # A restore of the snapshot the fork was made from (the parent's, on trajectory ep-0),
+    # with the parent and the fork gone.
+    for gone in ("parent", "fork"):
+        assert (await http.delete(f"/sandboxes/{gone}")).status_code == 200
+    restored_port = free_port()
+    monkeypatch.setattr(harness, "LISTEN_PORT", restored_port)
+    restored = await http.post(f"/snapshots/{snapshot_id}/restore", json={"sandbox_id": "restored"})
+    assert restored.status_code == 201, restored.text
+    assert restored.json()["model_gateway"]["max_calls"] == 2
+    assert (await call(restored_port, request()))[0] == 200
+
+    async def restored_recorded() -> bool:
+        return len(await calls("restored")) == 1
+
+    await eventually(restored_recorded)
+    [restored_call] = await calls("restored")
+    assert (restored_call["sandbox_id"], restored_call["trajectory_id"]) == ("restored", "ep-0")
+    assert len(model.requests) == 4  # the call over the parent's budget never left
