@@ -165,8 +165,12 @@ async def test_ending_a_pty_session_kills_its_setsid_descendants(
             {"type": "stdin", "data": base64.b64encode(ESCAPE.encode() + b"\n").decode()}
         )
         orphan = escaped_pid(await read_until(pty, b":done\r\n"))
-        stat = await collect(agent.exec("stat", ["cat", f"/proc/{orphan}/stat"]))
-        pgid = int(stat.stdout.rsplit(b")", 1)[1].split()[2])
+        for attempt in range(100):  # $! is printed before the child has called setsid()
+            stat = await collect(agent.exec(f"stat-{attempt}", ["cat", f"/proc/{orphan}/stat"]))
+            pgid = int(stat.stdout.rsplit(b")", 1)[1].split()[2])
+            if pgid == orphan:
+                break
+            await asyncio.sleep(0.05)
         assert pgid == orphan  # its own group: a signal to the shell's group misses it
         if end == "kill":
             await pty.send({"type": "signal", "sig": "KILL"})
