@@ -157,7 +157,8 @@ async def test_successive_snapshots_store_only_what_changed(
         source,
         "cd /workspace && rm big gone && rm -r tree/sub && head -c 500000 /dev/zero > tree/new"
         " && chmod 640 keep && ln -s keep link && mkfifo pipe"
-        " && rm /linuxrc && rm -r /usr/sbin && mkdir /usr/sbin && echo only > /usr/sbin/only",
+        " && rm /linuxrc && rm -r /usr/sbin && mkdir /usr/sbin && echo only > /usr/sbin/only"
+        " && touch \"/tmp/$(printf 'odd\\nname\\377')\"",  # not UTF-8, with a newline
     )
     second = await backend.snapshot(source.sandbox_id, f"snap-{secrets.token_hex(6)}")
     assert 500_000 <= second.size_bytes < 600_000  # the new file, not the 1 MB one again
@@ -200,9 +201,10 @@ async def test_successive_snapshots_store_only_what_changed(
     assert (
         await run(
             at_second,
-            "readlink /workspace/link; cat /workspace/keep; test ! -e /linuxrc && echo no-hostname",
+            "readlink /workspace/link; cat /workspace/keep; test ! -e /linuxrc && echo no-linuxrc;"
+            " test -e \"/tmp/$(printf 'odd\\nname\\377')\" && echo odd-kept",
         )
-        == "keep\nkeep\nno-hostname\n"
+        == "keep\nkeep\nno-linuxrc\nodd-kept\n"
     )
     at_third = await backend.create(spec(**restoring(third)))
     assert (await run(at_third, "ls -A /usr/sbin; cat /workspace/keep")).split() == [
