@@ -4,11 +4,13 @@ the service keeps answering everyone."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
 import sqlite3
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import httpx
 import pytest
 
 from orchard_env.config import ServiceSettings, service_settings
+from tests.quota_engine import quota_engine
 from tests.servers import live_service
 
 pytestmark = pytest.mark.engine
@@ -34,12 +37,18 @@ def settings(
     )
 
 
-@pytest.fixture
-def http(settings: ServiceSettings) -> Iterator[httpx.Client]:
+@contextlib.contextmanager
+def serving(settings: ServiceSettings) -> Iterator[httpx.Client]:
     with (
         live_service(settings, key_name="limits") as (url, key),
         httpx.Client(base_url=url, headers={"X-API-Key": key}, timeout=120) as client,
     ):
+        yield client
+
+
+@pytest.fixture
+def http(settings: ServiceSettings) -> Iterator[httpx.Client]:
+    with serving(settings) as client:
         yield client
 
 
@@ -139,14 +148,38 @@ def _engine_can_limit_disk(client: docker.DockerClient) -> tuple[bool, str]:
     return capable, f"storage driver {driver} on {backing or 'an unknown file system'}"
 
 
+@pytest.fixture(params=["this machine's engine", "an engine on btrfs"])
+def disk_service(
+    request: pytest.FixtureRequest,
+    settings: ServiceSettings,
+    docker_client: docker.DockerClient,
+    busybox_image: str,
+) -> Iterator[tuple[httpx.Client, docker.DockerClient]]:
+    """The service on this machine's engine (CI's storage cannot cap a disk), and on a
+    second engine on btrfs with quotas (tests/quota_engine.py), which can."""
+    if request.param == "an engine on btrfs":
+        with quota_engine(docker_client, busybox_image) as url:
+            engine = docker.DockerClient(base_url=url, timeout=120)
+            with serving(replace(settings, docker_host=url)) as client:
+                yield client, engine
+            engine.close()
+    else:
+        with serving(settings) as client:
+            yield client, docker_client
+
+
 def test_a_sandbox_cannot_fill_the_disk(
-    http: httpx.Client, busybox_image: str, docker_client: docker.DockerClient
+    disk_service: tuple[httpx.Client, docker.DockerClient],
+    busybox_image: str,
+    request: pytest.FixtureRequest,
 ) -> None:
-    capable, storage = _engine_can_limit_disk(docker_client)
+    http, engine = disk_service
+    capable, storage = _engine_can_limit_disk(engine)
     created = http.post(
         "/sandboxes", json={"image": busybox_image, "disk": "100Mi", "ttl_seconds": 600}
     )
     if not capable:  # overlay on ext4: refused, never ignored
+        assert "btrfs" not in request.node.name, storage  # the btrfs engine must enforce it
         refused(
             created,
             f"disk cannot be limited on this engine: its {storage} cannot cap a container's "
