@@ -59,13 +59,26 @@ def _remove_test_objects(client: docker.DockerClient, *, current: bool) -> None:
     created_by = {"label": f"{LABEL_CREATED_BY}=orchard"}
     for summary in client.api.containers(all=True, filters=created_by):
         if _is_removable(summary.get("Labels"), current=current):
-            _ignore_gone(client.api.remove_container, summary["Id"], force=True, v=True)
-            for mount in summary.get("Mounts") or ():
-                if mount.get("Destination") == RUN_DIR_MOUNT:
-                    run_dir.unmount(Path(mount["Source"]))
+            _remove_container(client, summary)
     for summary in client.api.images(filters=created_by):
         if _is_removable(summary.get("Labels"), current=current):
             _ignore_gone(client.api.remove_image, summary["Id"], force=True)
+
+
+def _remove_container(client: docker.DockerClient, summary: dict[str, Any]) -> None:
+    _ignore_gone(client.api.remove_container, summary["Id"], force=True, v=True)
+    for mount in summary.get("Mounts") or ():
+        if mount.get("Destination") == RUN_DIR_MOUNT:
+            run_dir.unmount(Path(mount["Source"]))
+
+
+def remove_sandboxes(client: docker.DockerClient, instance: str) -> None:
+    """Remove an instance's sandbox containers as the backend's delete would (their agent
+    directories unmounted too), for tests whose service has stopped with some left."""
+    for summary in client.api.containers(
+        all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}
+    ):
+        _remove_container(client, summary)
 
 
 def _ignore_gone(remove: Any, object_id: str, **options: Any) -> None:

@@ -6,7 +6,6 @@ test checks the file it made and the calls the gateway recorded for its trajecto
 
 from __future__ import annotations
 
-import contextlib
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 
 from orchard_env.config import ServiceSettings, service_settings
 from orchard_env.fake_model import FakeModel, running
-from orchard_env.orchestrator.backends.docker_engine import LABEL_INSTANCE
+from tests.conftest import remove_sandboxes
 from tests.servers import live_service
 
 pytestmark = pytest.mark.engine
@@ -76,10 +75,7 @@ def http(settings: ServiceSettings, docker_client: docker.DockerClient) -> Itera
         httpx.Client(base_url=live.url, headers={"X-API-Key": live.api_key}, timeout=300) as c,
     ):
         yield c
-    label = f"{LABEL_INSTANCE}={settings.instance}"
-    for container in docker_client.containers.list(all=True, filters={"label": label}):
-        with contextlib.suppress(docker.errors.NotFound):
-            container.remove(force=True)
+    remove_sandboxes(docker_client, settings.instance)
 
 
 @pytest.fixture(scope="module", params=["debian", "busybox"])

@@ -16,7 +16,7 @@ from orchard_env import errors
 from orchard_env.config import ServiceSettings, service_settings
 from orchard_env.orchestrator.backends.docker_engine import LABEL_INSTANCE
 from orchard_env.sdk import SandboxClient
-from tests.conftest import image_tags
+from tests.conftest import image_tags, remove_sandboxes
 from tests.servers import Live, live_service
 
 pytestmark = pytest.mark.engine
@@ -43,10 +43,8 @@ def settings(
 def cleanup(docker_client: docker.DockerClient, settings: ServiceSettings) -> Iterator[None]:
     """Whatever a failed test leaves on the engine for this instance is removed after it."""
     yield
-    label = f"{LABEL_INSTANCE}={settings.instance}"
-    for container in docker_client.containers.list(all=True, filters={"label": label}):
-        container.remove(force=True)
-    for tag in image_tags(docker_client, label):
+    remove_sandboxes(docker_client, settings.instance)
+    for tag in image_tags(docker_client, f"{LABEL_INSTANCE}={settings.instance}"):
         with contextlib.suppress(docker.errors.NotFound):
             docker_client.images.remove(tag)
 

@@ -17,7 +17,7 @@ from orchard_env.config import ServiceSettings, service_settings
 from orchard_env.orchestrator.backends.docker_engine import LABEL_INSTANCE
 from orchard_env.sdk import SandboxClient
 from orchard_env.tools import HARNESSES
-from tests.conftest import image_tags
+from tests.conftest import image_tags, remove_sandboxes
 from tests.servers import Live, live_service
 
 pytestmark = pytest.mark.engine
@@ -55,10 +55,8 @@ def settings(
 def orchard(settings: ServiceSettings, docker_client: docker.DockerClient) -> Iterator[Live]:
     with live_service(settings, key_name="tools-engine") as running:
         yield running
-    label = f"{LABEL_INSTANCE}={settings.instance}"
-    for container in docker_client.containers.list(all=True, filters={"label": label}):
-        container.remove(force=True)
-    for tag in image_tags(docker_client, label):
+    remove_sandboxes(docker_client, settings.instance)
+    for tag in image_tags(docker_client, f"{LABEL_INSTANCE}={settings.instance}"):
         with contextlib.suppress(docker.errors.NotFound):
             docker_client.images.remove(tag)
 
