@@ -1,20 +1,23 @@
-"""`orchard sandbox list`: its columns, and the path that runs it before the command-line
-framework, the SDK and pydantic are loaded.
+"""`orchard sandbox list` and bash's TAB completion of ids: the paths that run them before
+the command-line framework, the SDK and pydantic are loaded.
 
-A list is what scripts and shells run most, so its start-up should be the interpreter's own
-plus one request: :func:`quick_sandbox_list` parses the options it knows, asks the service
-with the standard library's HTTP client, and prints a table, ``-o wide``, ``-o name`` or
-``-q`` with the same code the full command uses. Anything else (``--json``, ``--help``, an
-option it does not know, a value the full command would refuse, an answer that is not a
-page of sandboxes, a service that cannot be reached) makes it print nothing and return
-False, and the full command runs instead, with its own errors and retries: a list is
-read-only, so asking twice is harmless.
+A list is what scripts run most and a TAB what people wait on, so their start-up should be
+the interpreter's own plus one request: :func:`quick_sandbox_list` parses the options it
+knows, asks the service over a socket of its own, and prints a table, ``-o wide``,
+``-o name`` or ``-q`` with the same code the full command uses; :func:`quick_completion`
+answers bash's completion of the id a command takes first (``orchard sandbox get <TAB>``).
+Anything else (``--json``, ``--help``, an option it does not know, a value the full command
+would refuse, another shell or position, an answer that is not a page of what was asked,
+a service that cannot be reached) makes them print nothing and return False, and the full
+command runs instead, with its own errors and retries: both only read, so asking twice is
+harmless.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import SplitResult, urlencode, urlsplit
@@ -63,6 +66,17 @@ _VALUED = {
 _FLAGS = {"-q": "quiet", "--quiet": "quiet"}
 
 
+ID_COMMANDS: dict[tuple[str, str], str] = {
+    **{("sandbox", name): "sandboxes" for name in ("get", "exec", "shell", "ls", "patch")},
+    **{("sandbox", name): "sandboxes" for name in ("fork", "rm")},
+    ("snapshot", "create"): "sandboxes",
+    **{("snapshot", name): "snapshots" for name in ("get", "rm", "restore")},
+    **{("trajectory", name): "sandboxes" for name in ("list", "show", "export")},
+}
+"""Commands whose first argument is a sandbox's or a snapshot's id, and what to list for it
+(tests/cli/test_listing.py checks this against the commands' own completion)."""
+
+
 def emit_sandboxes(sandboxes: list[Wire], fmt: str) -> None:
     """Print sandboxes (in their JSON form) in ``fmt``, for both paths."""
     emit_list(sandboxes, SANDBOX_COLUMNS, fmt, kind="sandbox", key=lambda sb: sb["sandbox_id"])
@@ -89,10 +103,36 @@ def quick_sandbox_list(args: list[str]) -> bool:
     if "status" in options:
         params.append(("status", options["status"]))
     params.append(("limit", chunk_size))
-    sandboxes = _fetch(settings.url, settings.api_key, params)
+    sandboxes = _fetch(settings.url, settings.api_key, "sandboxes", params)
     if sandboxes is None:
         return False
     emit_sandboxes(sandboxes, fmt)
+    return True
+
+
+def quick_completion(environ: Mapping[str, str]) -> bool:
+    """Answer bash's completion (typer's protocol: ``COMP_WORDS``, ``COMP_CWORD``, the ids
+    that start with the word being completed, one per line) of the first argument of a
+    command in :data:`ID_COMMANDS`; False for anything else."""
+    words = environ.get("COMP_WORDS", "")
+    if environ.get("_ORCHARD_COMPLETE") != "complete_bash" or any(c in words for c in "\"'\\"):
+        return False
+    split = words.split()
+    if words.endswith((" ", "\t")) or not words:
+        split.append("")
+    kind = ID_COMMANDS.get((split[1], split[2])) if len(split) == 4 else None
+    if kind is None or environ.get("COMP_CWORD") != "3":
+        return False
+    try:
+        settings = client_settings()
+    except OrchardError:
+        return False
+    found = _fetch(settings.url, settings.api_key, kind, [])
+    if found is None:
+        return False
+    key = "sandbox_id" if kind == "sandboxes" else "snapshot_id"
+    ids = [str(item.get(key)) for item in found if str(item.get(key)).startswith(split[3])]
+    sys.stdout.write("\n".join(ids))
     return True
 
 
@@ -140,8 +180,11 @@ def _chunk(value: str) -> bool:
     return value.isdecimal() and 1 <= int(value) <= MAX_CHUNK_SIZE
 
 
-def _fetch(url: str, api_key: str | None, params: list[tuple[str, str]]) -> list[Wire] | None:
-    """Every page of ``GET /sandboxes``, or None if any answer is not a page of them."""
+def _fetch(
+    url: str, api_key: str | None, kind: str, params: list[tuple[str, str]]
+) -> list[Wire] | None:
+    """Every page of ``GET /<kind>`` (sandboxes, snapshots), or None if any answer is not a
+    page of them."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or "@" in parts.netloc or parts.query:
         return None
@@ -150,18 +193,18 @@ def _fetch(url: str, api_key: str | None, params: list[tuple[str, str]]) -> list
     headers = f"User-Agent: orchard-cli/{__version__}\r\n"
     if api_key:
         headers += f"X-API-Key: {api_key}\r\n"
-    sandboxes: list[Wire] = []
+    found: list[Wire] = []
     token: str | None = None
     try:
         while True:
             query = urlencode(params if token is None else [*params, ("continue", token)])
-            page = json.loads(_get(parts, f"{parts.path.rstrip('/')}/sandboxes?{query}", headers))
-            if not isinstance(page, dict) or not isinstance(page.get("sandboxes"), list):
+            page = json.loads(_get(parts, f"{parts.path.rstrip('/')}/{kind}?{query}", headers))
+            if not isinstance(page, dict) or not isinstance(page.get(kind), list):
                 return None
-            sandboxes.extend(page["sandboxes"])
+            found.extend(page[kind])
             token = page.get("continue")
             if token is None:
-                return sandboxes
+                return found
             if not isinstance(token, str):
                 return None
     except (OSError, ValueError):

@@ -40,10 +40,15 @@ def main() -> None:
     if sys.argv[1:] == ["--version"]:  # the one answer that needs no command-line parser
         sys.stdout.write(version_line())
         sys.exit(0)
-    if sys.argv[1:3] == ["sandbox", "list"]:  # what scripts run most: see orchard_cli.listing
-        from orchard_cli.listing import quick_sandbox_list
+    completing = "_ORCHARD_COMPLETE" in os.environ
+    if completing or sys.argv[1:3] == ["sandbox", "list"]:
+        from orchard_cli import listing  # what TABs and scripts run most, without Typer
 
-        if quick_sandbox_list(sys.argv[3:]):
+        if (
+            listing.quick_completion(os.environ)
+            if completing
+            else listing.quick_sandbox_list(sys.argv[3:])
+        ):
             sys.exit(0)
     import typer
 
