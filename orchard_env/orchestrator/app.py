@@ -12,7 +12,7 @@ from fastapi import FastAPI
 
 from orchard_env import __version__
 from orchard_env.config import ServiceSettings
-from orchard_env.orchestrator.api import router
+from orchard_env.orchestrator.api import add_routes
 from orchard_env.orchestrator.api.errors import (
     RequestContextMiddleware,
     document_errors,
@@ -79,7 +79,7 @@ def create_app(
     document_errors(app)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware)
-    app.include_router(router())
+    add_routes(app)
     return app
 
 

@@ -261,11 +261,13 @@ class JobService:
         """Start a job, or return the existing one for a known ``job_id``."""
         sandbox = await self.sandboxes.get_record(sandbox_id, caller)
         scope = sandbox.owner or ""
-        if request.job_id is not None:
-            existing = await self.store.get_job(scope, request.job_id)
-            if existing is not None:
-                return self._existing(existing, sandbox_id, caller, request)
         if sandbox.status != SandboxStatus.READY:  # else no second read: the job's task checks
+            # A retried submission gets its job back whatever the sandbox's state now (on a
+            # ready sandbox, the insert below finds it: no read first).
+            if request.job_id is not None:
+                existing = await self.store.get_job(scope, request.job_id)
+                if existing is not None:
+                    return self._existing(existing, sandbox_id, caller, request)
             sandbox = await self.sandboxes.require_ready(sandbox_id, caller)
         record = JobRecord(
             job_id=request.job_id or uuid.uuid4().hex,
@@ -363,6 +365,8 @@ class JobService:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(step):
                         await run.done.wait()
+                if run.done.is_set():
+                    return run.record  # final, and in the store before done was set
 
     async def wait(self, job_id: str, caller: Caller, seconds: float) -> Job:
         """The job once finished, or as it is when ``seconds`` run out (never an error)."""
@@ -536,12 +540,15 @@ class JobService:
 
     async def _consume(self, run: JobRun, events: AsyncIterator[Output | Exit]) -> Exit | None:
         async for event in events:
+            if isinstance(event, Exit):
+                # Its final row is written next. If the exit came first, the row says queued
+                # until then, as it did while the command ran: a restart re-sends it, and the
+                # agent, which has the job, replays its end.
+                return event
             if not run.acknowledged:
                 # The agent has the job: from now on a restart re-attaches, never re-sends.
                 run.acknowledged = True
                 await self.store.put_job(run.record)
-            if isinstance(event, Exit):
-                return event
             run.add(event.stream, event.data)
         return None
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from orchard_env.errors import PermissionDenied
 from orchard_env.orchestrator.auth import Caller
@@ -34,10 +34,12 @@ class KeySessions:
         self._watcher: asyncio.Task[None] | None = None
 
     @contextlib.asynccontextmanager
-    async def hold(self, caller: Caller) -> AsyncIterator[asyncio.Event]:
-        """An event set when ``caller``'s key is revoked, for as long as the block runs
-        (never set when authentication is off)."""
-        event = asyncio.Event()
+    async def hold(
+        self, caller: Caller, event: asyncio.Event | None = None
+    ) -> AsyncIterator[asyncio.Event]:
+        """An event (``event``, else a new one) set when ``caller``'s key is revoked, for as
+        long as the block runs (never set when authentication is off)."""
+        event = asyncio.Event() if event is None else event
         key_id = caller.key_id
         if key_id is None:
             yield event
@@ -58,20 +60,17 @@ class KeySessions:
         """What ``waiting`` returns, unless ``caller``'s key is revoked first: then it is
         cancelled and :class:`~orchard_env.errors.PermissionDenied` raised. ``waiting`` must
         be safe to cancel (it only waits: nothing it started is lost)."""
-        async with self.hold(caller) as revoked:
-            task = asyncio.ensure_future(waiting)
-            stopped = asyncio.ensure_future(revoked.wait())
+        # Awaited in this task, which the revocation cancels (as asyncio.timeout does): no
+        # task of its own and none waiting on the event, on every exec that waits.
+        task = asyncio.current_task()
+        assert task is not None
+        async with self.hold(caller, _Cancelling(task)) as revoked:
             try:
-                await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopped.cancel()
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-        if task.cancelled():
-            raise PermissionDenied(revoked_message(caller.key_id))
-        return task.result()
+                return await waiting
+            except asyncio.CancelledError:
+                if revoked.is_set() and task.uncancel() == 0:
+                    raise PermissionDenied(revoked_message(caller.key_id)) from None
+                raise  # cancelled by someone else too
 
     def revoked(self, key_id: str) -> None:
         """End every open session of ``key_id``."""
@@ -93,3 +92,16 @@ class KeySessions:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
             self._watcher = None
+
+
+class _Cancelling(asyncio.Event):
+    """An event that, once set, also cancels ``task``."""
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        super().__init__()
+        self._task = task
+
+    def set(self) -> None:
+        if not self.is_set():
+            super().set()
+            self._task.cancel()

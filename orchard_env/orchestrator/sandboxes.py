@@ -759,14 +759,17 @@ class SandboxService:
 
     # --- activity ----------------------------------------------------------------------------
 
-    async def touch(self, sandbox_id: str, *, force: bool = False) -> SandboxRecord | None:
-        """Record activity now (written at most every few seconds unless ``force``)."""
+    async def touch(self, sandbox_id: str, *, force: bool = False) -> datetime | None:
+        """Record activity now (written at most every few seconds unless ``force``): the time
+        written, None if nothing was (too soon, or the sandbox is no longer live)."""
         now = self.clock()
         last = self._touched.get(sandbox_id)
         if not force and last is not None and now - last < timedelta(seconds=TOUCH_PERSIST_SECONDS):
             return None
         self._touched[sandbox_id] = now
-        return await self._transition(sandbox_id, LIVE_STATUSES, last_activity_at=now)
+        async with self._lock:  # never between a transition's read and its write
+            written = await self.store.touch_sandbox(sandbox_id, now)
+        return now if written else None
 
     async def heartbeat(self, sandbox_id: str, caller: Caller) -> HeartbeatResponse:
         record = await self.get_record(sandbox_id, caller)
@@ -777,7 +780,9 @@ class SandboxService:
                 sandbox_id, LIVE_STATUSES, idle_timeout_seconds=self.settings.idle_timeout_seconds
             )
             record = opted or record
-        record = await self.touch(sandbox_id, force=True) or record
+        touched = await self.touch(sandbox_id, force=True)
+        if touched is not None:
+            record = record.model_copy(update={"last_activity_at": touched})
         return HeartbeatResponse(sandbox_id=sandbox_id, expires_at=record.expires_at())
 
     def hold(self, sandbox_id: str) -> None:

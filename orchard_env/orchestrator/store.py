@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from orchard_env.config import ServiceSettings
 from orchard_env.errors import ConfigError
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 DONE_JOB_STATUSES = tuple(s.value for s in JobStatus if s.done)
 _LIVE = tuple(sorted(s.value for s in LIVE_STATUSES))
+_DATETIME = TypeAdapter(datetime)  # a datetime as the records' JSON has it
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,11 @@ class Store(Protocol):
         ...
 
     async def put_sandbox(self, record: SandboxRecord) -> None: ...
+
+    async def touch_sandbox(self, sandbox_id: str, at: datetime) -> bool:
+        """Set a live sandbox's ``last_activity_at`` and nothing else; False if it is gone or
+        no longer live (nothing written)."""
+        ...
 
     async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None: ...
 
@@ -366,7 +372,9 @@ def _opt_ts(value: datetime | None) -> str | None:
 
 
 def _dt(value: str) -> datetime:
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    """What :func:`_ts` wrote (``fromisoformat`` reads it, ``Z`` included, in a fortieth of
+    the time of ``strptime``: a job row has three)."""
+    return datetime.fromisoformat(value)
 
 
 def _opt_dt(value: str | None) -> datetime | None:
@@ -378,6 +386,24 @@ _JOB_COLUMNS = (
     "completed_at, stdout, stderr, exit_code, timed_out, cancelled, truncated, error, oom_killed"
 )
 _JOB_VALUES = "VALUES (" + ", ".join("?" for _ in _JOB_COLUMNS.split(",")) + ")"
+
+
+def _upsert(table: str, columns: str, key: tuple[str, ...]) -> str:
+    """Insert a row, or update every other column of the one with its ``key``: what ``INSERT
+    OR REPLACE`` does when the key is the table's only unique constraint, without deleting
+    the old row and inserting a new one into every index (half the time of a job's write)."""
+    names = [name.strip() for name in columns.split(",")]
+    values = ", ".join("?" for _ in names)
+    updates = ", ".join(f"{name} = excluded.{name}" for name in names if name not in key)
+    return (
+        f"INSERT INTO {table} ({columns}) VALUES ({values}) "  # noqa: S608 (our names only)
+        f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
+    )
+
+
+_SANDBOX_COLUMNS = "id, owner, status, created_at, ended_at, pool, record"
+_PUT_JOB = _upsert("jobs", _JOB_COLUMNS, ("scope", "job_id"))
+_PUT_SANDBOX = _upsert("sandboxes", _SANDBOX_COLUMNS, ("id",))
 
 
 def _job_params(r: JobRecord) -> tuple[Any, ...]:
@@ -605,11 +631,21 @@ class SQLiteStore:
         await self._call(self._put_sandbox, record)
 
     def _put_sandbox(self, record: SandboxRecord) -> None:
-        self._db.execute(
-            "INSERT OR REPLACE INTO sandboxes "
-            "(id, owner, status, created_at, ended_at, pool, record) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            self._sandbox_params(record),
+        self._db.execute(_PUT_SANDBOX, self._sandbox_params(record))
+
+    async def touch_sandbox(self, sandbox_id: str, at: datetime) -> bool:
+        return await self._call(self._touch_sandbox, sandbox_id, at)
+
+    def _touch_sandbox(self, sandbox_id: str, at: datetime) -> bool:
+        # One field of the JSON record changed in place: no read, no model parsed or dumped,
+        # no index rewritten (each command's end writes this).
+        marks = ", ".join("?" * len(_LIVE))
+        cursor = self._db.execute(
+            "UPDATE sandboxes SET record = json_set(record, '$.last_activity_at', ?) "  # noqa: S608
+            f"WHERE id = ? AND status IN ({marks})",
+            (_DATETIME.dump_python(at, mode="json"), sandbox_id, *_LIVE),
         )
+        return cursor.rowcount == 1
 
     async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
         return await self._call(self._get_sandbox, sandbox_id)
@@ -788,10 +824,7 @@ class SQLiteStore:
         await self._call(self._put_job, record)
 
     def _put_job(self, record: JobRecord) -> None:
-        self._db.execute(
-            f"INSERT OR REPLACE INTO jobs ({_JOB_COLUMNS}) {_JOB_VALUES}",
-            _job_params(record),
-        )
+        self._db.execute(_PUT_JOB, _job_params(record))
 
     async def get_job(self, scope: str, job_id: str) -> JobRecord | None:
         jobs = await self._call(self._select_jobs, "scope = ? AND job_id = ?", (scope, job_id))

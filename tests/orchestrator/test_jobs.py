@@ -88,6 +88,50 @@ async def test_same_job_id_runs_once(service: Service) -> None:
     assert content.content == b"ran\nran\n"
 
 
+async def test_a_retry_gets_its_job_back_after_the_sandbox_is_deleted(service: Service) -> None:
+    sandbox_id = (await service.create())["sandbox_id"]
+    body = {"command": "echo once", "job_id": "kept", "wait": True}
+    first = await service.http.post(f"/sandboxes/{sandbox_id}/exec", json=body)
+    assert (await service.http.delete(f"/sandboxes/{sandbox_id}")).status_code == 200
+    again = await service.http.post(f"/sandboxes/{sandbox_id}/exec", json=body)
+    assert again.status_code == 200
+    assert again.json() == first.json()
+    new = await service.http.post(
+        f"/sandboxes/{sandbox_id}/exec", json={**body, "job_id": "after-delete"}
+    )
+    assert new.status_code == 404
+    assert detail(new)["message"] == f"sandbox {sandbox_id} was deleted: deleted by request"
+
+
+async def test_an_exec_that_ends_at_once_reads_no_job_and_writes_it_twice(
+    service: Service,
+) -> None:
+    """What the store does per exec (the orchestrator's CPU per exec): the job inserted, then
+    written once when it ends (no "running" row when the exit is the agent's first event),
+    never read back; the sandbox's activity set in place, not read and rewritten."""
+    sandbox_id = (await service.create())["sandbox_id"]
+    await service.exec(sandbox_id, "true")
+    statements: list[str] = []
+    db = service.orchard.store._db  # type: ignore[attr-defined]
+    db.set_trace_callback(statements.append)
+    try:
+        job = await service.exec(sandbox_id, "true", job_id="quick")
+
+        async def activity_written() -> bool:
+            return any(s.startswith("UPDATE sandboxes SET record = json_set(") for s in statements)
+
+        await eventually(activity_written)
+    finally:
+        db.set_trace_callback(None)
+    assert job["status"] == "succeeded"
+    job_writes = [s for s in statements if s.startswith(("INSERT", "UPDATE")) and " jobs " in s]
+    inserted, ended = ("INSERT OR IGNORE INTO jobs", "INSERT INTO jobs")
+    assert [s.split(" (")[0] for s in job_writes] == [inserted, ended]
+    assert not [s for s in statements if s.startswith("SELECT") and " FROM jobs " in s]
+    sandbox_writes = [s for s in statements if "INTO sandboxes" in s or "UPDATE sandboxes" in s]
+    assert len(sandbox_writes) == 1
+
+
 async def test_a_job_id_of_another_sandbox_is_409(service: Service) -> None:
     one = (await service.create())["sandbox_id"]
     two = (await service.create())["sandbox_id"]

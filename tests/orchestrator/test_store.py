@@ -212,3 +212,25 @@ async def test_a_page_of_sandboxes_is_read_in_index_order_not_sorted(tmp_path: P
         plan = " | ".join(row[3] for row in store._db.execute(f"EXPLAIN QUERY PLAN {statement}"))
         assert "sandboxes_listing" in plan and "TEMP B-TREE" not in plan, plan
     await store.close()
+
+
+async def test_touching_a_sandbox_changes_its_activity_and_nothing_else(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "orchard.db")
+    await store.open()
+    try:
+        record = sandbox("busy").model_copy(
+            update={"env": {"GREETING": 'héllo "quoted"\n'}, "labels": {"k": "✓"}, "cpu": 0.25}
+        )
+        await store.put_sandbox(record)
+        await store.put_sandbox(sandbox("gone", SandboxStatus.DELETED))
+        for at in (NOW.replace(minute=5, microsecond=123456), NOW.replace(minute=6)):
+            assert await store.touch_sandbox("busy", at)
+            assert await store.get_sandbox("busy") == record.model_copy(
+                update={"last_activity_at": at}
+            )
+        assert not await store.touch_sandbox("gone", NOW.replace(minute=7))
+        assert await store.get_sandbox("gone") == sandbox("gone", SandboxStatus.DELETED)
+        assert not await store.touch_sandbox("missing", NOW)
+        assert await store.get_sandbox("missing") is None
+    finally:
+        await store.close()
