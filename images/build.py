@@ -207,6 +207,13 @@ def default_tag(info: SourceInfo | None = None) -> str:
     return f"{version}-{info.short_commit}" + ("-dirty" if info.dirty else "")
 
 
+def deployment_refs(profile: DeploymentProfile, registry: str | None, tag: str) -> dict[str, str]:
+    """The images a deployment of ``profile`` builds and runs, in ``registry`` under ``tag``:
+    the default ones, and the opt-in tools image only with the profile's ``tools: true``."""
+    refs = image_refs(registry, profile.registry.repository, tag)
+    return select(refs, list(refs) if profile.tools else ())
+
+
 def registry_for_profile(profile: DeploymentProfile) -> str | None:
     """The registry of a deployment profile: ``registry.server``; for target ``aks`` without
     one, the ACR the provisioning creates (``<acr_name>.azurecr.io``); else none."""

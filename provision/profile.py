@@ -155,6 +155,11 @@ class DeploymentProfile(_Section):
     service: ServiceProfile = Field(default_factory=ServiceProfile)
     limits: Limits = Field(default_factory=Limits)
     image_tag: str | None = Field(default=None, description="default: <version>-<git commit>")
+    tools: bool = Field(
+        default=False,
+        description="the tools image (agent harnesses, 1.4 GB, Claude Code inside: your own "
+        "registry only): up builds and pushes it, sandboxes get it",
+    )
     snapshots: bool = Field(
         default=False,
         description="snapshots on Kubernetes: a node snapshotter on each sandbox node pushes "
