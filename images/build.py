@@ -701,9 +701,12 @@ def push_images(
     login: bool = True,
     credential: TokenCredential | None = None,
     transport: httpx.BaseTransport | None = None,
+    plain_http: bool = False,
 ) -> list[str]:
     """Push each reference; first log in to every Azure Container Registry among them
-    (unless ``login`` is false: the builder is logged in already). Returns what was pushed."""
+    (unless ``login`` is false: the builder is logged in already). Returns what was pushed.
+    ``plain_http``: the registry has no TLS (Podman and Buildah are told; Docker's daemon
+    decides by its ``insecure-registries``)."""
     registries = []
     for ref in refs.values():
         registry = registry_of(ref)
@@ -720,11 +723,12 @@ def push_images(
                 progress(f"logging in to {server} (ACR token exchange)")
             acr_login(server, credential, builder, transport=transport)
     pushed = []
+    insecure = ["--tls-verify=false"] if plain_http and builder != "docker" else []
     for ref in refs.values():
         if progress is not None:
             progress(f"pushing {ref}")
         _run(
-            [builder, "push", ref],
+            [builder, "push", *insecure, ref],
             progress=progress,
             failure=f"{builder} could not push {ref}",
             hint="build it first (`orchard images build`) and check that you may push to "

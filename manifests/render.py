@@ -103,6 +103,8 @@ class DeployValues:
     load_balancer: bool = False
     load_balancer_source_ranges: tuple[str, ...] = ()
     redis: bool = False
+    node_selector: Mapping[str, str] = field(default_factory=dict)  # the orchestrator's and Redis's
+    tolerations: tuple[KubeObject, ...] = ()
     runtime_class: str | None = None
     limits: Limits = field(default_factory=Limits)
     agent_port: int = AGENT_PORT
@@ -182,6 +184,8 @@ def values_from_profile(profile: DeploymentProfile, refs: Mapping[str, str]) -> 
         load_balancer=service.load_balancer,
         load_balancer_source_ranges=tuple(service.load_balancer_source_ranges),
         redis=service.redis,
+        node_selector=dict(service.node_selector),
+        tolerations=tuple(t.model_dump(exclude_none=True) for t in service.tolerations),
         runtime_class=profile.runtime_class,
         limits=profile.limits,
         snapshots=profile.snapshots,
@@ -435,6 +439,20 @@ def _label(obj: KubeObject, values: DeployValues) -> None:
         template["metadata"]["labels"] = {**template["metadata"]["labels"], **labels}
 
 
+def _place(objects: list[KubeObject], values: DeployValues) -> None:
+    """The profile's node selector and tolerations on the orchestrator's and Redis's pods,
+    beside what the overlay put there."""
+    for name in (ORCHESTRATOR, REDIS):
+        deployment = _find(objects, "Deployment", name)
+        if deployment is None:
+            continue
+        pod = deployment["spec"]["template"]["spec"]
+        if values.node_selector:
+            pod["nodeSelector"] = {**pod.get("nodeSelector", {}), **values.node_selector}
+        if values.tolerations:
+            pod["tolerations"] = [*pod.get("tolerations", []), *map(dict, values.tolerations)]
+
+
 def _overlay(objects: list[KubeObject], overlay: Overlay) -> None:
     for patch in overlay_patches(overlay):
         target = _find(objects, patch["kind"], patch["metadata"]["name"])
@@ -469,6 +487,7 @@ def render(values: DeployValues) -> list[KubeObject]:
     for obj in objects:
         _label(obj, values)
     _overlay(objects, values.overlay)
+    _place(objects, values)
     objects.sort(key=lambda obj: KIND_ORDER.index(obj["kind"]))
     return objects
 

@@ -92,6 +92,40 @@ class RegistrySettings(_Section):
         default=None, description="e.g. myacr.azurecr.io; default for aks: the created ACR"
     )
     repository: str = "orchard"
+    plain_http: bool = Field(
+        default=False,
+        description="a registry without TLS (a local one): checked, pushed to and pulled "
+        "from over HTTP",
+    )
+
+
+class BuildSettings(_Section):
+    """How `orchard up` builds the images (the options of `orchard images build`)."""
+
+    base_images: dict[str, str] = Field(
+        default_factory=dict,
+        description="ARG: image, e.g. BASE_IMAGE: a mirror's python:3.11-slim",
+    )
+    ca_bundle: str | None = Field(
+        default=None, description="CA certificates pip trusts in the build (a proxy's)"
+    )
+
+
+class Toleration(_Section):
+    """A taint the orchestrator's pods tolerate (a Kubernetes toleration)."""
+
+    key: str | None = None
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+    @model_validator(mode="after")
+    def _operator(self) -> Toleration:
+        if self.operator == "Exists" and self.value is not None:
+            raise ValueError("a toleration with operator Exists takes no value")
+        if self.key is None and self.operator != "Exists":
+            raise ValueError("a toleration without a key needs operator Exists")
+        return self
 
 
 class ServiceProfile(_Section):
@@ -101,6 +135,12 @@ class ServiceProfile(_Section):
     load_balancer: bool = False
     load_balancer_source_ranges: list[str] = Field(default_factory=list)
     redis: bool = Field(default=False, description="needed for more than one replica")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="labels of the nodes the orchestrator runs on"
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="taints of those nodes it tolerates"
+    )
 
     @field_validator("namespace", "sandbox_namespace")
     @classmethod
@@ -152,6 +192,7 @@ class DeploymentProfile(_Section):
     sandbox_pool: SandboxPool = Field(default_factory=SandboxPool)
     runtime_class: str | None = Field(default=None, description="e.g. gvisor or kata")
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
+    build: BuildSettings = Field(default_factory=BuildSettings)
     service: ServiceProfile = Field(default_factory=ServiceProfile)
     limits: Limits = Field(default_factory=Limits)
     image_tag: str | None = Field(default=None, description="default: <version>-<git commit>")

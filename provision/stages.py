@@ -399,17 +399,31 @@ class ClusterDeployment:
         return deployment_refs(self.profile, self._registry(outputs), tag)
 
     def _image_inputs(self, outputs: Outputs) -> Any:
-        return {"refs": self._refs(outputs)}
+        return {"refs": self._refs(outputs), "build": self.profile.build.model_dump()}
 
     def _images(self, progress: Progress, outputs: Outputs) -> tuple[str, dict[str, Any]]:
         from images.build import build_images, detect_builder, push_images
 
         refs = self._refs(outputs)
         builder = detect_builder()
+        options = self.profile.build
         progress(f"building {len(refs)} images with {builder} for {PLATFORM}")
-        build_images(refs, builder=builder, platform=PLATFORM, progress=progress)
+        build_images(
+            refs,
+            builder=builder,
+            platform=PLATFORM,
+            base_images=options.base_images,
+            ca_bundle=Path(options.ca_bundle).expanduser() if options.ca_bundle else None,
+            progress=progress,
+        )
         credential = self.infra.credential if isinstance(self.infra, AksTarget) else None
-        push_images(refs, builder=builder, progress=progress, credential=credential)
+        push_images(
+            refs,
+            builder=builder,
+            progress=progress,
+            credential=credential,
+            plain_http=self.profile.registry.plain_http,
+        )
         return f"built and pushed {', '.join(refs.values())}", {"refs": refs}
 
     def _deploy(self, progress: Progress, outputs: Outputs) -> tuple[str, dict[str, Any]]:
