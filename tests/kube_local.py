@@ -1,7 +1,7 @@
 """The real local cluster of ``scripts/k8s/up.sh`` (etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, and a node: containerd, the kubelet, kube-router
-enforcing NetworkPolicy and kube-proxy, in a network namespace of its own), for the
-``kube_real`` test tier.
+enforcing NetworkPolicy, kube-proxy and an image registry, in a network namespace of its
+own), for the ``kube_real`` test tier.
 
 :func:`local_cluster` finds the running cluster, or starts it (or what of it is not running,
 e.g. the node of a control plane started without one) when its binaries are cached
@@ -126,6 +126,7 @@ COMPONENTS = (
     "kubelet",
     "kube-router",
     "kube-proxy",
+    "docker-registry",
 )
 
 

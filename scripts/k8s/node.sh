@@ -3,7 +3,7 @@
 # by ensure-bins.sh and the NetworkPolicy enforcer (netpol.sh), in the cluster's network
 # namespace. kube-proxy (iptables mode) makes ClusterIP Services work there: a pod reaches
 # the API server at the kubernetes Service's address ($api_service_ip:443), as an in-cluster
-# orchestrator does. Pods get 10.244.0.0/24 on bridge cni0
+# orchestrator does. An image registry (registry.sh) serves the node's address over HTTP. Pods get 10.244.0.0/24 on bridge cni0
 # inside that namespace; the host routes that range over the veth pair, so a process on the
 # host (an orchestrator under test) reaches pod addresses. containerd keeps the pods' network
 # namespaces under its state directory, not in /run/netns. The node is labelled
@@ -20,6 +20,7 @@
 # kept in run/sysctl and down.sh restores them.
 
 source "$here/netpol.sh"
+source "$here/registry.sh"
 
 node_name=orchard-node
 runtime_class=orchard-local-node
@@ -61,7 +62,10 @@ state = "$containerd_run"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$n/cni"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$n/certs.d"
 EOF
+  registry_hosts "$n/certs.d"
   cat >"$n/cni/10-orchard.conflist" <<EOF
 {"cniVersion": "0.4.0", "name": "orchard", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
@@ -74,6 +78,7 @@ EOF
   wait_for containerd 30 test -S "$containerd_run/containerd.sock"
   python3 "$here/pause-image.py" "$n/pause.tar"
   ctr --address "$containerd_run/containerd.sock" -n k8s.io images import "$n/pause.tar" >/dev/null
+  start_registry
   cat >"$n/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -165,6 +170,7 @@ stop_node() {
     done
   fi
   stop_process kube-proxy
+  stop_process docker-registry
   stop_process kube-router
   stop_process kubelet
   if pid_alive containerd; then
