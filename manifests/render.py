@@ -114,6 +114,9 @@ class DeployValues:
     snapshot_repository: str | None = None  # <registry>/<repository>/snapshots
     snapshotter_namespace: str = "orchard-snapshotter"
     snapshotter_token: str | None = None
+    registry_plain_http: bool = False  # the snapshots' registry has no TLS
+    containerd_root: str = "/var/lib/containerd"  # on the sandbox nodes
+    snapshotter_tolerations: tuple[KubeObject, ...] = ()
 
 
 def _has_redis_store() -> bool:
@@ -191,6 +194,11 @@ def values_from_profile(profile: DeploymentProfile, refs: Mapping[str, str]) -> 
         snapshots=profile.snapshots,
         snapshot_repository=snapshot_repository,
         snapshotter_namespace=snapshotter_namespace(service.namespace),
+        registry_plain_http=profile.registry.plain_http,
+        containerd_root=profile.snapshotter.containerd_root,
+        snapshotter_tolerations=tuple(
+            t.model_dump(exclude_none=True) for t in profile.snapshotter.tolerations
+        ),
     )
 
 
@@ -278,6 +286,8 @@ def service_settings(values: DeployValues) -> dict[str, str]:
             snapshotter_port=str(SNAPSHOTTER_PORT),
             registry_config=f"{REGISTRY_CONFIG_DIR}/.dockerconfigjson",
         )
+        if values.registry_plain_http:
+            settings["registry_plain_http"] = "true"
     return settings
 
 
@@ -416,6 +426,17 @@ def _configure_snapshots(objects: list[KubeObject], values: DeployValues) -> Non
     for variable in container["env"]:
         if variable["name"] == "ORCHARD_SNAPSHOTTER_TARGET_PREFIX":
             variable["value"] = f"{values.snapshot_repository}:"
+    if values.registry_plain_http and values.snapshot_repository:
+        registry = values.snapshot_repository.split("/", 1)[0]
+        container["env"].append({"name": "ORCHARD_SNAPSHOTTER_PLAIN_HTTP", "value": registry})
+    # The upperdirs mountinfo names are under containerd's root: mounted at the same path.
+    for volume in pod["spec"]["volumes"]:
+        if volume["name"] == "containerd":
+            volume["hostPath"]["path"] = values.containerd_root
+    for mount in container["volumeMounts"]:
+        if mount["name"] == "containerd":
+            mount["mountPath"] = values.containerd_root
+    pod["spec"]["tolerations"] += [dict(t) for t in values.snapshotter_tolerations]
     policy = _get(objects, "NetworkPolicy", "orchard-snapshotter-ingress")
     peer = policy["spec"]["ingress"][0]["from"][0]
     peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] = values.namespace

@@ -128,6 +128,27 @@ class Toleration(_Section):
         return self
 
 
+class NodeSnapshotter(_Section):
+    """Where the node snapshotter (``snapshots: true``) finds what it reads, and runs."""
+
+    containerd_root: str = Field(
+        default="/var/lib/containerd",
+        description="the sandbox nodes' containerd state (k3s: /var/lib/rancher/k3s/agent/"
+        "containerd)",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        description="taints of the sandbox nodes beyond workload=sandbox and spot",
+    )
+
+    @field_validator("containerd_root")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"{value!r} is not an absolute path")
+        return value
+
+
 class ServiceProfile(_Section):
     namespace: str = "orchard"
     sandbox_namespace: str = "orchard-sandboxes"
@@ -201,6 +222,7 @@ class DeploymentProfile(_Section):
         description="the tools image (agent harnesses, 1.4 GB, Claude Code inside: your own "
         "registry only): up builds and pushes it, sandboxes get it",
     )
+    snapshotter: NodeSnapshotter = Field(default_factory=NodeSnapshotter)
     snapshots: bool = Field(
         default=False,
         description="snapshots on Kubernetes: a node snapshotter on each sandbox node pushes "
