@@ -130,9 +130,10 @@ class Deployment:
 class NodeImages:
     tag: str  # of localhost/orchard/{orchestrator,agent-injector}
     smoke: str
+    built: tuple[str, ...]  # the orchestrator's and the agent-injector's references
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def node_images(
     local_cluster: LocalCluster,
     docker_client: docker.DockerClient,
@@ -166,7 +167,7 @@ def node_images(
             import_image(docker_client, sandbox_image, f"{TEST_REPOSITORY}/sandbox:{os.getpid()}"),
         ]
     try:
-        yield NodeImages(tag, imported[-1])
+        yield NodeImages(tag, imported[-1], (imported[0], imported[1]))
     finally:
         remove_images(*imported)
 
@@ -191,9 +192,22 @@ def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deplo
         return
     local: LocalCluster = request.getfixturevalue("local_cluster")
     images: NodeImages = request.getfixturevalue("node_images")
-    namespace = unique_name("orchard")
-    path = _local_profile(tmp_path, local, namespace)
-    env["PATH"] = f"{local.bin}{os.pathsep}{env.get('PATH', '')}"  # the cluster's kubectl
+    with local_deployment(local, images, tmp_path, unique_name("orchard")) as found:
+        yield found
+
+
+@contextlib.contextmanager
+def local_deployment(
+    local: LocalCluster, images: NodeImages, tmp_path: Path, namespace: str, **profile: object
+) -> Iterator[Deployment]:
+    """A deployment in ``namespace`` on the local cluster (:func:`_local_profile`, plus
+    ``profile``) with a volume for its state, undeployed at the end."""
+    env = {
+        **os.environ,
+        "ORCHARD_CONFIG": str(tmp_path / "config.toml"),
+        "PATH": f"{local.bin}{os.pathsep}{os.environ.get('PATH', '')}",  # the cluster's kubectl
+    }
+    path = _local_profile(tmp_path, local, namespace, **profile)
     args = ["--context", CONTEXT, "--profile", str(path)]
     tag = ["--tag", images.tag]
     found = Deployment(env, args, tag, namespace, str(local.kubeconfig), images.smoke, local)

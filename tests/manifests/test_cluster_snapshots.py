@@ -1,47 +1,115 @@
-"""Opt-in: snapshot and restore on a real cluster through the node snapshotter.
+"""Snapshot and restore through the node snapshotter on a real cluster: a sandbox in which a
+file was written and one deleted is snapshotted, restored, and both are checked.
 
-Runs only with ``ORCHARD_TEST_CLUSTER=1``, ``KUBECONFIG`` naming the cluster and
-``ORCHARD_TEST_PROFILE`` naming a profile with ``snapshots: true`` whose ``registry.server``
-the cluster's nodes pull from and the snapshotter can push to (an ``orchard-registry`` Secret
-in the service and snapshotter namespaces, see docs/deployment.md). It deploys, snapshots a
-sandbox in which a file was written and one deleted, restores it, checks both, and undeploys.
+By default on the local cluster of ``scripts/k8s/up.sh`` (the ``kube_real`` tier), with the
+profile of ``test_cluster.py`` plus ``snapshots: true``, its registry
+(``registry.plain_http``), the node's containerd root and taint (``snapshotter``). The
+sandbox's image is pushed to that registry first (the snapshot mounts its layers from there),
+the deployment's own images are given the registry's names in containerd (nothing pulled);
+the snapshotter pushes the snapshot there and the restored pod pulls it over HTTP.
+
+With ``ORCHARD_TEST_CLUSTER=1`` and ``KUBECONFIG``: that cluster, and ``ORCHARD_TEST_PROFILE``
+must name a profile with ``snapshots: true`` whose ``registry.server`` the nodes pull from and
+the snapshotter can push to (an ``orchard-registry`` Secret in the service and snapshotter
+namespaces, see docs/deployment.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from manifests import snapshotter_namespace
 from orchard_env.sdk.client import SandboxClient
 from provision.profile import load_profile
-from tests.manifests.test_cluster import CONTEXT, USER_CLUSTER, Deployment, deployment
+from tests.kube_local import STATE, LocalCluster, unique_name
+from tests.manifests.test_cluster import (
+    CONTEXT,
+    REGISTRY,
+    USER_CLUSTER,
+    Deployment,
+    NodeImages,
+    deployment,
+    local_deployment,
+    node_images,
+)
+from tests.orchestrator.backends.kube_node import TAINT, remove_images, tag_image
+from tests.orchestrator.backends.kube_real import NodePods
 
 _PROFILE = os.environ.get("ORCHARD_TEST_PROFILE")
 pytestmark = [
     pytest.mark.cluster,
+    pytest.mark.kube_real,
+    pytest.mark.engine,
     pytest.mark.skipif(
-        not USER_CLUSTER or not _PROFILE or not load_profile(Path(_PROFILE)).snapshots,
-        reason="opt-in: set ORCHARD_TEST_CLUSTER=1, KUBECONFIG and ORCHARD_TEST_PROFILE (a "
-        "profile with snapshots: true)",
+        USER_CLUSTER and (not _PROFILE or not load_profile(Path(_PROFILE)).snapshots),
+        reason="ORCHARD_TEST_CLUSTER=1 needs ORCHARD_TEST_PROFILE (a profile with snapshots: true)",
     ),
 ]
-__all__ = ["deployment"]  # the deploy/undeploy fixture, shared with test_cluster
+__all__ = ["deployment", "node_images"]  # test_cluster's fixtures
+CONTAINERD_ROOT = STATE / "node" / "containerd" / "root"  # scripts/k8s/node.sh
 
 
+@pytest.fixture
+def snapshots(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deployment]:
+    if USER_CLUSTER:
+        yield request.getfixturevalue("deployment")
+        return
+    local: LocalCluster = request.getfixturevalue("local_cluster")
+    images: NodeImages = request.getfixturevalue("node_images")
+    sandbox_image: str = request.getfixturevalue("sandbox_image")
+    base = f"{REGISTRY}/orchard-test/sandbox:{os.getpid()}"
+    subprocess.run(
+        ["podman", "push", "--tls-verify=false", sandbox_image, f"docker://{base}"],
+        capture_output=True,
+        check=True,
+        timeout=600,
+    )
+    # The deploy names the images by the registry; containerd has them under these names too.
+    named = [tag_image(ref, f"{REGISTRY}/{ref.split('/', 1)[1]}") for ref in images.built]
+    settings = {
+        "snapshots": True,
+        "registry": {"server": REGISTRY, "plain_http": True},
+        "snapshotter": {
+            "containerd_root": str(CONTAINERD_ROOT),
+            "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+        },
+    }
+    namespace = unique_name("orchard")
+    # The DaemonSet also has a pod on the tier's stand-in node (labelled like a sandbox node)
+    # when one exists: NodePods is its kubelet there, so that it goes when it is deleted.
+    stand_in = NodePods(local, [], [snapshotter_namespace(namespace)])
+    try:
+        with local_deployment(local, images, tmp_path, namespace, **settings) as found:
+            yield Deployment(
+                found.env, found.args, found.tag, found.namespace, found.kubeconfig, base, local
+            )
+    finally:
+        stand_in.close()
+        remove_images(*named)
+        with contextlib.suppress(subprocess.CalledProcessError):  # pulled for the sandbox
+            remove_images(base)
+
+
+@pytest.mark.timeout(900)
 def test_snapshot_and_restore_on_a_cluster(
-    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+    snapshots: Deployment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    deployed = deployment.orchard("deploy", *deployment.args, *deployment.tag)
+    deployed = snapshots.orchard("deploy", *snapshots.args, *snapshots.tag)
     assert deployed.returncode == 0, deployed.stderr
-    monkeypatch.setenv("ORCHARD_CONFIG", deployment.env["ORCHARD_CONFIG"])  # the deploy's context
+    monkeypatch.setenv("ORCHARD_CONFIG", snapshots.env["ORCHARD_CONFIG"])  # the deploy's context
     with (
-        deployment.reachable(deployed.stdout.strip().splitlines()[-1]) as url,
+        snapshots.reachable(deployed.stdout.strip().splitlines()[-1]) as url,
         SandboxClient(base_url=url, context=CONTEXT) as client,
     ):
-        image = deployment.smoke_image or "debian:bookworm-slim"
-        source = client.create_sandbox(image, timeout=600)
+        image = snapshots.smoke_image or "debian:bookworm-slim"
+        # Small: the local node has two CPUs, and the restored sandbox runs beside this one.
+        source = client.create_sandbox(image, cpu=0.5, memory="512Mi", timeout=600)
         made = source.exec("echo kept > /workspace/kept.txt && rm /etc/debian_version")
         assert made.exit_code == 0, made.stderr
         snapshot = source.snapshot()
