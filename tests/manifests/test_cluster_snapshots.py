@@ -4,7 +4,8 @@ file was written and one deleted is snapshotted, restored, and both are checked.
 By default on the local cluster of ``scripts/k8s/up.sh`` (the ``kube_real`` tier), with the
 profile of ``test_cluster.py`` plus ``snapshots: true``, its registry
 (``registry.plain_http``), the node's containerd root and taint (``snapshotter``). The
-sandbox's image is pushed to that registry first (the snapshot mounts its layers from there),
+sandbox's image, busybox, is pushed to that registry first (the snapshot mounts its layers
+from there),
 the deployment's own images are given the registry's names in containerd (nothing pulled);
 the snapshotter pushes the snapshot there and the restored pod pulls it over HTTP.
 
@@ -20,6 +21,7 @@ import contextlib
 import os
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -55,17 +57,25 @@ __all__ = ["deployment", "node_images"]  # test_cluster's fixtures
 CONTAINERD_ROOT = STATE / "node" / "containerd" / "root"  # scripts/k8s/node.sh
 
 
+@dataclass(frozen=True)
+class Case:
+    deployment: Deployment
+    image: str  # the sandbox's
+    base_file: str  # a file of that image, which the sandbox deletes
+
+
 @pytest.fixture
-def snapshots(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deployment]:
+def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
     if USER_CLUSTER:
-        yield request.getfixturevalue("deployment")
+        found: Deployment = request.getfixturevalue("deployment")
+        yield Case(found, found.smoke_image or "debian:bookworm-slim", "/etc/debian_version")
         return
     local: LocalCluster = request.getfixturevalue("local_cluster")
     images: NodeImages = request.getfixturevalue("node_images")
-    sandbox_image: str = request.getfixturevalue("sandbox_image")
-    base = f"{REGISTRY}/orchard-test/sandbox:{os.getpid()}"
+    busybox_image: str = request.getfixturevalue("busybox_image")  # 2 MB to push
+    base = f"{REGISTRY}/orchard-test/busybox:{os.getpid()}"
     subprocess.run(
-        ["podman", "push", "--tls-verify=false", sandbox_image, f"docker://{base}"],
+        ["podman", "push", "--tls-verify=false", busybox_image, f"docker://{base}"],
         capture_output=True,
         check=True,
         timeout=600,
@@ -85,10 +95,8 @@ def snapshots(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deploy
     # when one exists: NodePods is its kubelet there, so that it goes when it is deleted.
     stand_in = NodePods(local, [], [snapshotter_namespace(namespace)])
     try:
-        with local_deployment(local, images, tmp_path, namespace, **settings) as found:
-            yield Deployment(
-                found.env, found.args, found.tag, found.namespace, found.kubeconfig, base, local
-            )
+        with local_deployment(local, images, tmp_path, namespace, **settings) as deployed:
+            yield Case(deployed, base, "/linuxrc")
     finally:
         stand_in.close()
         remove_images(*named)
@@ -97,23 +105,24 @@ def snapshots(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deploy
 
 
 @pytest.mark.timeout(900)
-def test_snapshot_and_restore_on_a_cluster(
-    snapshots: Deployment, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    deployed = snapshots.orchard("deploy", *snapshots.args, *snapshots.tag)
+def test_snapshot_and_restore_on_a_cluster(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    deployment = case.deployment
+    deployed = deployment.orchard("deploy", *deployment.args, *deployment.tag)
     assert deployed.returncode == 0, deployed.stderr
-    monkeypatch.setenv("ORCHARD_CONFIG", snapshots.env["ORCHARD_CONFIG"])  # the deploy's context
+    monkeypatch.setenv("ORCHARD_CONFIG", deployment.env["ORCHARD_CONFIG"])  # the deploy's
     with (
-        snapshots.reachable(deployed.stdout.strip().splitlines()[-1]) as url,
+        deployment.reachable(deployed.stdout.strip().splitlines()[-1]) as url,
         SandboxClient(base_url=url, context=CONTEXT) as client,
     ):
-        image = snapshots.smoke_image or "debian:bookworm-slim"
         # Small: the local node has two CPUs, and the restored sandbox runs beside this one.
-        source = client.create_sandbox(image, cpu=0.5, memory="512Mi", timeout=600)
-        made = source.exec("echo kept > /workspace/kept.txt && rm /etc/debian_version")
+        source = client.create_sandbox(case.image, cpu=0.5, memory="512Mi", timeout=600)
+        made = source.exec(f"echo kept > /workspace/kept.txt && rm {case.base_file}")
         assert made.exit_code == 0, made.stderr
         snapshot = source.snapshot()
         restored = client.restore(snapshot.snapshot_id, timeout=600)
-        seen = restored.exec("cat /workspace/kept.txt; test -e /etc/debian_version; echo $?")
+        gone = f"[ -e {case.base_file} ] || [ -L {case.base_file} ]; echo $?"  # 1: gone
+        seen = restored.exec(f"cat /workspace/kept.txt; {gone}")
         assert seen.stdout.split() == ["kept", "1"]
+        untouched = restored.exec("test -x /bin/busybox || test -e /etc/os-release; echo $?")
+        assert untouched.stdout.split() == ["0"]  # the base image's other files are there
         client.delete_snapshot(snapshot.snapshot_id, recursive=True)
