@@ -17,7 +17,6 @@ namespaces, see docs/deployment.md).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 from collections.abc import Iterator
@@ -40,7 +39,7 @@ from tests.manifests.test_cluster import (
     local_deployment,
     node_images,
 )
-from tests.orchestrator.backends.kube_node import TAINT, remove_images, tag_image
+from tests.orchestrator.backends.kube_node import TAINT, tag_image
 from tests.orchestrator.backends.kube_real import NodePods
 
 _PROFILE = os.environ.get("ORCHARD_TEST_PROFILE")
@@ -81,7 +80,8 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
         timeout=600,
     )
     # The deploy names the images by the registry; containerd has them under these names too.
-    named = [tag_image(ref, f"{REGISTRY}/{ref.split('/', 1)[1]}") for ref in images.built]
+    for ref in images.built:
+        tag_image(ref, f"{REGISTRY}/{ref.split('/', 1)[1]}")
     settings = {
         "snapshots": True,
         "registry": {"server": REGISTRY, "plain_http": True},
@@ -97,11 +97,8 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
     try:
         with local_deployment(local, images, tmp_path, namespace, **settings) as deployed:
             yield Case(deployed, base, "/linuxrc")
-    finally:
+    finally:  # the names given and pulled stay (see test_cluster.node_images)
         stand_in.close()
-        remove_images(*named)
-        with contextlib.suppress(subprocess.CalledProcessError):  # pulled for the sandbox
-            remove_images(base)
 
 
 @pytest.mark.timeout(900)
