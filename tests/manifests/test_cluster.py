@@ -41,7 +41,7 @@ from kubernetes import client as k8s
 from images.build import IMAGES, detect_builder
 from manifests.deploy import LOCAL_PORT, port_forward_command
 from provision.profile import load_profile
-from tests.images.builds import built_image, host_ca_bundle, remove_built
+from tests.images.builds import TEST_REPOSITORY, built_image, host_ca_bundle, remove_built
 from tests.kube_local import LocalCluster, unique_name
 from tests.orchestrator.backends.kube_node import (
     NODE,
@@ -162,11 +162,10 @@ def node_images(
         ) as injector,
     ):
         built = (import_image(docker_client, orchestrator), import_image(docker_client, injector))
-        # Under its own name: a name removed from containerd 1.6 can take the image out of
-        # its CRI plugin's cache for every other name of it (the kubelet then reports
-        # ErrImageNeverPull for an image `ctr images ls` lists), so the tests remove only
-        # names nothing else shares.
-        smoke = import_image(docker_client, sandbox_image)
+        # Not :latest, which a pod without imagePullPolicy (a sandbox's) always pulls. Left in
+        # containerd: a name removed from it can take the image out of its CRI plugin's cache
+        # for every other name of it (docs/contributing/testing.md).
+        smoke = import_image(docker_client, sandbox_image, f"{TEST_REPOSITORY}/sandbox:smoke")
     try:
         yield NodeImages(tag, smoke, built)
     finally:
