@@ -207,6 +207,13 @@ def default_tag(info: SourceInfo | None = None) -> str:
     return f"{version}-{info.short_commit}" + ("-dirty" if info.dirty else "")
 
 
+def deployment_refs(profile: DeploymentProfile, registry: str | None, tag: str) -> dict[str, str]:
+    """The images a deployment of ``profile`` builds and runs, in ``registry`` under ``tag``:
+    the default ones, and the opt-in tools image only with the profile's ``tools: true``."""
+    refs = image_refs(registry, profile.registry.repository, tag)
+    return select(refs, list(refs) if profile.tools else ())
+
+
 def registry_for_profile(profile: DeploymentProfile) -> str | None:
     """The registry of a deployment profile: ``registry.server``; for target ``aks`` without
     one, the ACR the provisioning creates (``<acr_name>.azurecr.io``); else none."""
@@ -694,9 +701,12 @@ def push_images(
     login: bool = True,
     credential: TokenCredential | None = None,
     transport: httpx.BaseTransport | None = None,
+    plain_http: bool = False,
 ) -> list[str]:
     """Push each reference; first log in to every Azure Container Registry among them
-    (unless ``login`` is false: the builder is logged in already). Returns what was pushed."""
+    (unless ``login`` is false: the builder is logged in already). Returns what was pushed.
+    ``plain_http``: the registry has no TLS (Podman and Buildah are told; Docker's daemon
+    decides by its ``insecure-registries``)."""
     registries = []
     for ref in refs.values():
         registry = registry_of(ref)
@@ -713,11 +723,12 @@ def push_images(
                 progress(f"logging in to {server} (ACR token exchange)")
             acr_login(server, credential, builder, transport=transport)
     pushed = []
+    insecure = ["--tls-verify=false"] if plain_http and builder != "docker" else []
     for ref in refs.values():
         if progress is not None:
             progress(f"pushing {ref}")
         _run(
-            [builder, "push", ref],
+            [builder, "push", *insecure, ref],
             progress=progress,
             failure=f"{builder} could not push {ref}",
             hint="build it first (`orchard images build`) and check that you may push to "

@@ -67,10 +67,14 @@ def new_api_key() -> str:
 
 
 def port_forward_command(
-    namespace: str, *, kubeconfig: str | Path | None = None, context: str | None = None
+    namespace: str,
+    *,
+    kubeconfig: str | Path | None = None,
+    context: str | None = None,
+    local_port: int = LOCAL_PORT,
 ) -> str:
-    """The kubectl command that serves the in-cluster orchestrator on 127.0.0.1:8000."""
-    argv = ["kubectl", "-n", namespace, "port-forward", f"svc/{SERVICE}", f"{LOCAL_PORT}:80"]
+    """The kubectl command that serves the in-cluster orchestrator on 127.0.0.1:``local_port``."""
+    argv = ["kubectl", "-n", namespace, "port-forward", f"svc/{SERVICE}", f"{local_port}:80"]
     if kubeconfig:
         argv += ["--kubeconfig", str(kubeconfig)]
     if context:

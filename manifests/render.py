@@ -103,6 +103,8 @@ class DeployValues:
     load_balancer: bool = False
     load_balancer_source_ranges: tuple[str, ...] = ()
     redis: bool = False
+    node_selector: Mapping[str, str] = field(default_factory=dict)  # the orchestrator's and Redis's
+    tolerations: tuple[KubeObject, ...] = ()
     runtime_class: str | None = None
     limits: Limits = field(default_factory=Limits)
     agent_port: int = AGENT_PORT
@@ -112,6 +114,9 @@ class DeployValues:
     snapshot_repository: str | None = None  # <registry>/<repository>/snapshots
     snapshotter_namespace: str = "orchard-snapshotter"
     snapshotter_token: str | None = None
+    registry_plain_http: bool = False  # the snapshots' registry has no TLS
+    containerd_root: str = "/var/lib/containerd"  # on the sandbox nodes
+    snapshotter_tolerations: tuple[KubeObject, ...] = ()
 
 
 def _has_redis_store() -> bool:
@@ -182,11 +187,18 @@ def values_from_profile(profile: DeploymentProfile, refs: Mapping[str, str]) -> 
         load_balancer=service.load_balancer,
         load_balancer_source_ranges=tuple(service.load_balancer_source_ranges),
         redis=service.redis,
+        node_selector=dict(service.node_selector),
+        tolerations=tuple(t.model_dump(exclude_none=True) for t in service.tolerations),
         runtime_class=profile.runtime_class,
         limits=profile.limits,
         snapshots=profile.snapshots,
         snapshot_repository=snapshot_repository,
         snapshotter_namespace=snapshotter_namespace(service.namespace),
+        registry_plain_http=profile.registry.plain_http,
+        containerd_root=profile.snapshotter.containerd_root,
+        snapshotter_tolerations=tuple(
+            t.model_dump(exclude_none=True) for t in profile.snapshotter.tolerations
+        ),
     )
 
 
@@ -274,6 +286,8 @@ def service_settings(values: DeployValues) -> dict[str, str]:
             snapshotter_port=str(SNAPSHOTTER_PORT),
             registry_config=f"{REGISTRY_CONFIG_DIR}/.dockerconfigjson",
         )
+        if values.registry_plain_http:
+            settings["registry_plain_http"] = "true"
     return settings
 
 
@@ -412,6 +426,17 @@ def _configure_snapshots(objects: list[KubeObject], values: DeployValues) -> Non
     for variable in container["env"]:
         if variable["name"] == "ORCHARD_SNAPSHOTTER_TARGET_PREFIX":
             variable["value"] = f"{values.snapshot_repository}:"
+    if values.registry_plain_http and values.snapshot_repository:
+        registry = values.snapshot_repository.split("/", 1)[0]
+        container["env"].append({"name": "ORCHARD_SNAPSHOTTER_PLAIN_HTTP", "value": registry})
+    # The upperdirs mountinfo names are under containerd's root: mounted at the same path.
+    for volume in pod["spec"]["volumes"]:
+        if volume["name"] == "containerd":
+            volume["hostPath"]["path"] = values.containerd_root
+    for mount in container["volumeMounts"]:
+        if mount["name"] == "containerd":
+            mount["mountPath"] = values.containerd_root
+    pod["spec"]["tolerations"] += [dict(t) for t in values.snapshotter_tolerations]
     policy = _get(objects, "NetworkPolicy", "orchard-snapshotter-ingress")
     peer = policy["spec"]["ingress"][0]["from"][0]
     peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] = values.namespace
@@ -433,6 +458,20 @@ def _label(obj: KubeObject, values: DeployValues) -> None:
     template = obj.get("spec", {}).get("template")
     if obj["kind"] in ("Deployment", "DaemonSet") and template is not None:
         template["metadata"]["labels"] = {**template["metadata"]["labels"], **labels}
+
+
+def _place(objects: list[KubeObject], values: DeployValues) -> None:
+    """The profile's node selector and tolerations on the orchestrator's and Redis's pods,
+    beside what the overlay put there."""
+    for name in (ORCHESTRATOR, REDIS):
+        deployment = _find(objects, "Deployment", name)
+        if deployment is None:
+            continue
+        pod = deployment["spec"]["template"]["spec"]
+        if values.node_selector:
+            pod["nodeSelector"] = {**pod.get("nodeSelector", {}), **values.node_selector}
+        if values.tolerations:
+            pod["tolerations"] = [*pod.get("tolerations", []), *map(dict, values.tolerations)]
 
 
 def _overlay(objects: list[KubeObject], overlay: Overlay) -> None:
@@ -469,6 +508,7 @@ def render(values: DeployValues) -> list[KubeObject]:
     for obj in objects:
         _label(obj, values)
     _overlay(objects, values.overlay)
+    _place(objects, values)
     objects.sort(key=lambda obj: KIND_ORDER.index(obj["kind"]))
     return objects
 

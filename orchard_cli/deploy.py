@@ -65,10 +65,10 @@ def _profile(path: Path | None) -> DeploymentProfile:
 
 
 def _refs(profile: DeploymentProfile, tag: str | None) -> dict[str, str]:
-    from images.build import default_tag, image_refs, registry_for_profile
+    from images.build import default_tag, deployment_refs, registry_for_profile
 
     chosen = tag or profile.image_tag or default_tag()
-    return image_refs(registry_for_profile(profile), profile.registry.repository, chosen)
+    return deployment_refs(profile, registry_for_profile(profile), chosen)
 
 
 def deploy(

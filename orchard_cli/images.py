@@ -22,7 +22,7 @@ ProfileOpt = Annotated[
     Path | None,
     typer.Option(
         "--profile",
-        help="Deployment profile: its registry, repository and image_tag.",
+        help="Deployment profile: its registry, repository, image_tag and build settings.",
         dir_okay=False,
         show_default=False,
     ),
@@ -107,9 +107,15 @@ def build(
 ) -> None:
     """Build the orchestrator, agent-injector and sandbox images; print their references."""
     from images.build import build_images, detect_builder, parse_base_images, resolve_refs
+    from provision.profile import load_profile
 
     refs = resolve_refs(profile, registry=registry, tag=tag, only=only or ())
     bases = parse_base_images(base_image or ())
+    if profile is not None:  # the options win over the profile's build settings
+        settings = load_profile(profile).build
+        bases = {**settings.base_images, **bases}
+        if ca_bundle is None and settings.ca_bundle:
+            ca_bundle = Path(settings.ca_bundle).expanduser()
     tool = detect_builder(builder)
     with _progress(f"building with {tool}") as progress:
         built = build_images(
@@ -142,12 +148,16 @@ def push(
 ) -> None:
     """Push the built images to the registry; print their references."""
     from images.build import detect_builder, push_images, resolve_refs
+    from provision.profile import load_profile
 
     logging.getLogger("azure.identity").setLevel(logging.ERROR)  # its tries are our hint
     refs = resolve_refs(profile, registry=registry, tag=tag, only=only or ())
+    plain_http = profile is not None and load_profile(profile).registry.plain_http
     tool = detect_builder(builder)
     with _progress(f"pushing with {tool}") as progress:
-        pushed = push_images(refs, builder=tool, login=login, progress=progress)
+        pushed = push_images(
+            refs, builder=tool, login=login, progress=progress, plain_http=plain_http
+        )
     for ref in pushed:
         out.print(ref)
 

@@ -40,6 +40,22 @@ _EGRESS_PROBE = (
     "except OSError as e:\n"
     "    print('BLOCKED', e.errno)\n"
 )
+# A pod always has a network interface; on Kubernetes a sandbox's egress is cut by a
+# NetworkPolicy instead. Every pod is given the API server's Service address, which any pod
+# reaches unless a policy denies it: the one connection tried, and it stays in the cluster.
+_POD_EGRESS_PROBE = (
+    "import os, socket\n"
+    "host = os.environ.get('KUBERNETES_SERVICE_HOST')\n"
+    "port = int(os.environ.get('KUBERNETES_SERVICE_PORT') or 443)\n"
+    "if not host:\n"
+    "    print('NO-ADDRESS')\n"
+    "else:\n"
+    "    try:\n"
+    "        socket.create_connection((host, port), timeout=5).close()\n"
+    "        print('REACHED', f'{host}:{port}')\n"
+    "    except OSError as e:\n"
+    "        print('BLOCKED', e)\n"
+)
 
 
 class CheckFailed(AssertionError):
@@ -193,9 +209,22 @@ def _sandbox_checks(run: _Run, sb: Sandbox) -> None:
 
     def egress_blocked() -> None:
         interfaces = sb.exec("ls /sys/class/net").stdout.split()
-        _expect(interfaces == ["lo"], f"network interfaces present: {interfaces}")
-        probe = sb.exec(["python3", "-c", _EGRESS_PROBE], shell=False)
-        _expect(probe.stdout.startswith("BLOCKED"), f"an outbound route exists: {probe.stdout!r}")
+        if interfaces == ["lo"]:  # no network at all (the container engine)
+            probe = sb.exec(["python3", "-c", _EGRESS_PROBE], shell=False)
+            _expect(
+                probe.stdout.startswith("BLOCKED"), f"an outbound route exists: {probe.stdout!r}"
+            )
+            return
+        # A pod: its interface stays, and a NetworkPolicy must refuse what leaves it.
+        probe = sb.exec(["python3", "-c", _POD_EGRESS_PROBE], shell=False, timeout=30)
+        _expect(
+            not probe.stdout.startswith("NO-ADDRESS"),
+            f"network interfaces present ({', '.join(interfaces)}) outside Kubernetes",
+        )
+        _expect(
+            probe.stdout.startswith("BLOCKED"),
+            f"the sandbox reached the Kubernetes API server: {probe.stdout.strip()!r}",
+        )
 
     def memory_limit() -> None:
         result = sb.exec(

@@ -9,7 +9,8 @@ What `orchard up --target kubeconfig` checks before it deploys anything:
 - sandbox nodes exist (label ``workload=sandbox``). When none does, Orchard labels and taints
   worker nodes itself, but only with consent (``--yes``), and always leaves one node without
   the taint for the orchestrator;
-- the registry answers on ``https://<server>/v2/`` (200, or 401 asking for a login).
+- the registry answers on ``https://<server>/v2/`` (200, or 401 asking for a login);
+  ``http://`` for a registry of ``registry.plain_http``.
 
 The kubeconfig helpers (:func:`merge_kubeconfig`, :func:`write_kubeconfig`,
 :func:`remove_kubeconfig_context`) are plain YAML dictionaries in, dictionaries out, so the AKS
@@ -325,7 +326,7 @@ class KubeconfigTarget:
         server = self.profile.registry.server
         if server is None:
             return None, "not set"
-        url = f"https://{server}/v2/"
+        url = f"{self._registry_url(server)}/v2/"
         try:
             with httpx.Client(transport=self._registry_transport, timeout=15) as client:
                 response = client.get(url)
@@ -395,6 +396,9 @@ class KubeconfigTarget:
             for name in report.to_label
         ]
 
+    def _registry_url(self, server: str) -> str:
+        return f"{'http' if self.profile.registry.plain_http else 'https'}://{server}"
+
     def registry_problem(self, report: ClusterReport) -> str | None:
         if report.registry is None:
             return (
@@ -403,8 +407,8 @@ class KubeconfigTarget:
             )
         if not report.registry_ok:
             return (
-                f"registry {report.registry} does not answer on https://{report.registry}/v2/ "
-                f"({report.registry_status})"
+                f"registry {report.registry} does not answer on "
+                f"{self._registry_url(report.registry)}/v2/ ({report.registry_status})"
             )
         return None
 

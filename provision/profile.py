@@ -92,6 +92,61 @@ class RegistrySettings(_Section):
         default=None, description="e.g. myacr.azurecr.io; default for aks: the created ACR"
     )
     repository: str = "orchard"
+    plain_http: bool = Field(
+        default=False,
+        description="a registry without TLS (a local one): checked, pushed to and pulled "
+        "from over HTTP",
+    )
+
+
+class BuildSettings(_Section):
+    """How `orchard up` builds the images (the options of `orchard images build`)."""
+
+    base_images: dict[str, str] = Field(
+        default_factory=dict,
+        description="ARG: image, e.g. BASE_IMAGE: a mirror's python:3.11-slim",
+    )
+    ca_bundle: str | None = Field(
+        default=None, description="CA certificates pip trusts in the build (a proxy's)"
+    )
+
+
+class Toleration(_Section):
+    """A taint the orchestrator's pods tolerate (a Kubernetes toleration)."""
+
+    key: str | None = None
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+    @model_validator(mode="after")
+    def _operator(self) -> Toleration:
+        if self.operator == "Exists" and self.value is not None:
+            raise ValueError("a toleration with operator Exists takes no value")
+        if self.key is None and self.operator != "Exists":
+            raise ValueError("a toleration without a key needs operator Exists")
+        return self
+
+
+class NodeSnapshotter(_Section):
+    """Where the node snapshotter (``snapshots: true``) finds what it reads, and runs."""
+
+    containerd_root: str = Field(
+        default="/var/lib/containerd",
+        description="the sandbox nodes' containerd state (k3s: /var/lib/rancher/k3s/agent/"
+        "containerd)",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        description="taints of the sandbox nodes beyond workload=sandbox and spot",
+    )
+
+    @field_validator("containerd_root")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"{value!r} is not an absolute path")
+        return value
 
 
 class ServiceProfile(_Section):
@@ -101,6 +156,12 @@ class ServiceProfile(_Section):
     load_balancer: bool = False
     load_balancer_source_ranges: list[str] = Field(default_factory=list)
     redis: bool = Field(default=False, description="needed for more than one replica")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="labels of the nodes the orchestrator runs on"
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="taints of those nodes it tolerates"
+    )
 
     @field_validator("namespace", "sandbox_namespace")
     @classmethod
@@ -152,9 +213,16 @@ class DeploymentProfile(_Section):
     sandbox_pool: SandboxPool = Field(default_factory=SandboxPool)
     runtime_class: str | None = Field(default=None, description="e.g. gvisor or kata")
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
+    build: BuildSettings = Field(default_factory=BuildSettings)
     service: ServiceProfile = Field(default_factory=ServiceProfile)
     limits: Limits = Field(default_factory=Limits)
     image_tag: str | None = Field(default=None, description="default: <version>-<git commit>")
+    tools: bool = Field(
+        default=False,
+        description="the tools image (agent harnesses, 1.4 GB, Claude Code inside: your own "
+        "registry only): up builds and pushes it, sandboxes get it",
+    )
+    snapshotter: NodeSnapshotter = Field(default_factory=NodeSnapshotter)
     snapshots: bool = Field(
         default=False,
         description="snapshots on Kubernetes: a node snapshotter on each sandbox node pushes "

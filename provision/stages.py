@@ -24,6 +24,7 @@ import logging
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import time
 import traceback
@@ -392,23 +393,37 @@ class ClusterDeployment:
         return str(registry) if registry else registry_for_profile(self.profile)
 
     def _refs(self, outputs: Outputs) -> dict[str, str]:
-        from images.build import default_tag, image_refs
+        from images.build import default_tag, deployment_refs
 
         tag = self.profile.image_tag or default_tag()
-        return image_refs(self._registry(outputs), self.profile.registry.repository, tag)
+        return deployment_refs(self.profile, self._registry(outputs), tag)
 
     def _image_inputs(self, outputs: Outputs) -> Any:
-        return {"refs": self._refs(outputs)}
+        return {"refs": self._refs(outputs), "build": self.profile.build.model_dump()}
 
     def _images(self, progress: Progress, outputs: Outputs) -> tuple[str, dict[str, Any]]:
         from images.build import build_images, detect_builder, push_images
 
         refs = self._refs(outputs)
         builder = detect_builder()
+        options = self.profile.build
         progress(f"building {len(refs)} images with {builder} for {PLATFORM}")
-        build_images(refs, builder=builder, platform=PLATFORM, progress=progress)
+        build_images(
+            refs,
+            builder=builder,
+            platform=PLATFORM,
+            base_images=options.base_images,
+            ca_bundle=Path(options.ca_bundle).expanduser() if options.ca_bundle else None,
+            progress=progress,
+        )
         credential = self.infra.credential if isinstance(self.infra, AksTarget) else None
-        push_images(refs, builder=builder, progress=progress, credential=credential)
+        push_images(
+            refs,
+            builder=builder,
+            progress=progress,
+            credential=credential,
+            plain_http=self.profile.registry.plain_http,
+        )
         return f"built and pushed {', '.join(refs.values())}", {"refs": refs}
 
     def _deploy(self, progress: Progress, outputs: Outputs) -> tuple[str, dict[str, Any]]:
@@ -461,9 +476,9 @@ class ClusterDeployment:
         from orchard_env.smoke import run_smoke
 
         image = outputs["images"]["refs"]["sandbox"]
-        with self._reachable(outputs["deploy"].get("port_forward"), progress):
+        with self._reachable(outputs, progress) as url:
             progress(f"running the smoke test with {image}")
-            with SandboxClient(context=self.context, auto_cleanup=False) as client:
+            with SandboxClient(base_url=url, context=self.context, auto_cleanup=False) as client:
                 report = run_smoke(
                     client,
                     image=image,
@@ -477,45 +492,60 @@ class ClusterDeployment:
             )
         return f"{len(report.steps)} checks passed in {report.seconds:.1f} s", {}
 
-    def _healthy(self) -> bool:
+    def _serves(self, url: str | None) -> bool:
+        """Whether the service at ``url`` (None: the context's URL) answers and takes the
+        context's key: an authenticated read, since another service may answer there (a local
+        Orchard on 127.0.0.1:8000, where a cluster's port-forward would go)."""
         from orchard_env.sdk import SandboxClient
 
         try:
-            with SandboxClient(context=self.context, retries=0, auto_cleanup=False) as client:
-                client.health()
+            with SandboxClient(
+                base_url=url, context=self.context, retries=0, auto_cleanup=False
+            ) as client:
+                client.list_sandboxes(labels={"orchard-up": "probe"}, chunk_size=1)
         except OrchardError:
             return False
         return True
 
     @contextlib.contextmanager
-    def _reachable(self, port_forward: str | None, progress: Progress) -> Iterator[None]:
-        """Run ``port_forward`` (kubectl) for the duration when the service needs one and
-        nothing serves it yet."""
-        if port_forward is None or self._healthy():
-            yield
+    def _reachable(self, outputs: Outputs, progress: Progress) -> Iterator[str | None]:
+        """The URL to smoke-test: None (the context's) when the service serves there, else a
+        ``kubectl port-forward`` to a free local port, for the duration."""
+        namespace = outputs["deploy"]["namespace"]
+        if outputs["deploy"].get("port_forward") is None or self._serves(None):
+            yield None
             return
         kubectl = shutil.which("kubectl")
         if kubectl is None:
             raise OrchardError(
                 "the service is reachable only through a port-forward, and kubectl is not "
                 "installed",
-                hint=f"run `{port_forward}` in another terminal (or set service.load_balancer)",
+                hint=f"run `{outputs['deploy']['port_forward']}` in another terminal (or set "
+                "service.load_balancer)",
             )
-        progress(f"starting {port_forward}")
+        from manifests.deploy import port_forward_command
+
+        with socket.socket() as probe:  # a free port: 8000 may be taken (a local Orchard)
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        cluster = outputs["provision"]
+        command = port_forward_command(
+            namespace, kubeconfig=cluster["kubeconfig"], context=cluster["context"], local_port=port
+        )
+        progress(f"starting {command}")
         with self.log_file.open("ab") as log:
-            forward = subprocess.Popen(
-                [kubectl, *shlex.split(port_forward)[1:]], stdout=log, stderr=log
-            )
+            forward = subprocess.Popen([kubectl, *shlex.split(command)[1:]], stdout=log, stderr=log)
+        url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 30
-            while not self._healthy():
+            while not self._serves(url):
                 if forward.poll() is not None or time.monotonic() > deadline:
                     raise OrchardError(
-                        f"`{port_forward}` did not make the service reachable",
+                        f"`{command}` did not make the service reachable",
                         hint=f"its output is in {self.log_file}",
                     )
                 time.sleep(0.5)
-            yield
+            yield url
         finally:
             forward.terminate()
             forward.wait(timeout=10)

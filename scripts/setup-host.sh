@@ -23,10 +23,10 @@ QUOTA_RUN=/run/orchard-engine              # a tmpfs; runroot is storage/ below
 # catatonit: the init every sandbox container runs as PID 1; python3: the interpreter the
 # agent bundle is built from; python3-venv: `make install`.
 # openssl, iproute2, util-linux: the local Kubernetes control plane; containerd,
-# containernetworking-plugins and ipset: its node (scripts/k8s); btrfs-progs: the
+# containernetworking-plugins, ipset and conntrack: its node (scripts/k8s); btrfs-progs: the
 # quota-capable engine storage.
 PACKAGES=(podman runc catatonit iptables busybox-static debootstrap curl python3 python3-venv
-  openssl iproute2 util-linux containerd containernetworking-plugins ipset btrfs-progs)
+  openssl iproute2 util-linux containerd containernetworking-plugins ipset conntrack btrfs-progs)
 
 say() { printf 'setup-host: %s\n' "$*"; }
 die() { printf 'setup-host: error: %s\n' "$*" >&2; exit 1; }

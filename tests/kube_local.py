@@ -1,6 +1,7 @@
 """The real local cluster of ``scripts/k8s/up.sh`` (etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, and a node: containerd, the kubelet and kube-router
-enforcing NetworkPolicy, in a network namespace of its own), for the ``kube_real`` test tier.
+kube-controller-manager, kube-scheduler, and a node: containerd, the kubelet, kube-router
+enforcing NetworkPolicy, kube-proxy and an image registry, in a network namespace of its
+own), for the ``kube_real`` test tier.
 
 :func:`local_cluster` finds the running cluster, or starts it (or what of it is not running,
 e.g. the node of a control plane started without one) when its binaries are cached
@@ -124,6 +125,8 @@ COMPONENTS = (
     "containerd",
     "kubelet",
     "kube-router",
+    "kube-proxy",
+    "docker-registry",
 )
 
 

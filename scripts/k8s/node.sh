@@ -1,7 +1,9 @@
 # The local cluster's real node (sourced by up.sh unless ORCHARD_K8S_NODE=0): Debian's
-# containerd (CRI, runc, cgroupfs) and the CNI bridge plugin, the kubelet built by
-# ensure-bins.sh and the NetworkPolicy enforcer (netpol.sh), in the cluster's network
-# namespace. Pods get 10.244.0.0/24 on bridge cni0
+# containerd (CRI, runc, cgroupfs) and the CNI bridge plugin, the kubelet and kube-proxy built
+# by ensure-bins.sh and the NetworkPolicy enforcer (netpol.sh), in the cluster's network
+# namespace. kube-proxy (iptables mode) makes ClusterIP Services work there: a pod reaches
+# the API server at the kubernetes Service's address ($api_service_ip:443), as an in-cluster
+# orchestrator does. An image registry (registry.sh) serves the node's address over HTTP. Pods get 10.244.0.0/24 on bridge cni0
 # inside that namespace; the host routes that range over the veth pair, so a process on the
 # host (an orchestrator under test) reaches pod addresses. containerd keeps the pods' network
 # namespaces under its state directory, not in /run/netns. The node is labelled
@@ -18,16 +20,19 @@
 # kept in run/sysctl and down.sh restores them.
 
 source "$here/netpol.sh"
+source "$here/registry.sh"
 
 node_name=orchard-node
 runtime_class=orchard-local-node
 containerd_run=/run/orchard-k8s-containerd
+proxy_health_port=10256
 
 start_node() {
   local missing=()
   command -v containerd >/dev/null || missing+=(containerd)
   [[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
   command -v catatonit >/dev/null || missing+=(catatonit)
+  command -v conntrack >/dev/null || missing+=(conntrack)
   if ((${#missing[@]})); then
     apt-get install -y --no-install-recommends "${missing[@]}" >&2
   fi
@@ -57,7 +62,10 @@ state = "$containerd_run"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$n/cni"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$n/certs.d"
 EOF
+  registry_hosts "$n/certs.d"
   cat >"$n/cni/10-orchard.conflist" <<EOF
 {"cniVersion": "0.4.0", "name": "orchard", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
@@ -70,6 +78,7 @@ EOF
   wait_for containerd 30 test -S "$containerd_run/containerd.sock"
   python3 "$here/pause-image.py" "$n/pause.tar"
   ctr --address "$containerd_run/containerd.sock" -n k8s.io images import "$n/pause.tar" >/dev/null
+  start_registry
   cat >"$n/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -113,6 +122,32 @@ scheduling:
   tolerations: [{key: orchard.local/real-node, operator: Exists, effect: NoSchedule}]
 EOF
   start_netpol
+  start_proxy
+}
+
+# kube-proxy in iptables mode (the kernel has no IPVS), configured here: the pod range as the
+# cluster's (traffic from elsewhere to a Service is masqueraded), NodePorts on the node's
+# address only (no route_localnet), the conntrack sysctls left as they are (0 = unchanged).
+start_proxy() {
+  local n=$state/node
+  cert kube-proxy "/CN=system:kube-proxy" # bound to system:node-proxier by default RBAC
+  kubeconfig kube-proxy
+  cat >"$n/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+clientConnection: {kubeconfig: $state/kube-proxy.kubeconfig}
+hostnameOverride: $node_name
+clusterCIDR: $pod_cidr
+healthzBindAddress: 127.0.0.1:$proxy_health_port
+metricsBindAddress: 127.0.0.1:10249
+nodePortAddresses: [$node_ip/32]
+iptables: {localhostNodePorts: false}
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+EOF
+  start kube-proxy --config "$n/kube-proxy.yaml"
+  wait_for kube-proxy 60 nsenter --net="/run/netns/$netns" -- \
+    curl -sf "http://127.0.0.1:$proxy_health_port/healthz"
 }
 
 node_ready() {
@@ -134,6 +169,8 @@ stop_node() {
       sleep 0.5
     done
   fi
+  stop_process kube-proxy
+  stop_process docker-registry
   stop_process kube-router
   stop_process kubelet
   if pid_alive containerd; then

@@ -8,6 +8,7 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -19,6 +20,13 @@ TEST_REPOSITORY = "localhost/orchard-test"
 
 def image_ref(name: str) -> str:
     return f"{TEST_REPOSITORY}/{name}:{os.getpid()}"
+
+
+def host_ca_bundle() -> Path | None:
+    """The machine's CA bundle, handed to pip in an image build: it includes the CA of a
+    TLS-intercepting proxy when the machine trusts one (as this one may)."""
+    path = Path(os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt")
+    return path if path.is_file() else None
 
 
 def built_image(
@@ -36,9 +44,15 @@ def built_image(
         build_images({name: ref}, builder=builder, **kwargs)  # type: ignore[arg-type]
         yield ref
     finally:
+        remove_built(docker_client, {name: ref}, started)
+
+
+def remove_built(docker_client: docker.DockerClient, refs: dict[str, str], started: int) -> None:
+    """Remove images built since ``started`` (a Unix time): ``refs`` (name -> reference) and
+    the build stages their builds left behind (untagged, labelled like the image)."""
+    for name, ref in refs.items():
         with contextlib.suppress(docker.errors.ImageNotFound):
             docker_client.images.remove(ref, force=True)
-        # the build stages this build left behind (untagged, labelled like the image)
         stages = docker_client.api.images(
             filters={"dangling": True, "label": f"org.opencontainers.image.title=orchard-{name}"}
         )

@@ -26,6 +26,7 @@ from images.build import (
 )
 from orchard_env import __version__
 from orchard_env.errors import ConfigError, EngineNotFound, OrchardError
+from provision.profile import DeploymentProfile
 from tests.images.conftest import FakeBuilders
 
 # --- references and tags ----------------------------------------------------------------
@@ -396,6 +397,13 @@ def test_the_tools_image_is_built_only_when_named() -> None:
     refs = image_refs("r.io", "orchard", "t")
     assert "tools" not in build.select(refs, ())
     assert build.select(refs, ["tools"]) == {"tools": "r.io/orchard/tools:t"}
+
+
+def test_a_deployment_has_the_tools_image_only_when_its_profile_asks() -> None:
+    plain = build.deployment_refs(DeploymentProfile(target="kubeconfig"), "r.io", "t")
+    assert list(plain) == ["orchestrator", "agent-injector", "sandbox"]
+    with_tools = DeploymentProfile(target="kubeconfig", tools=True)
+    assert build.deployment_refs(with_tools, "r.io", "t")["tools"] == "r.io/orchard/tools:t"
 
 
 def test_the_tools_context_links_the_payload(

@@ -42,7 +42,7 @@ from orchard_env.orchestrator.backends.docker_engine import (
     find_engine,
 )
 from tests.agent.conftest import TOKEN, collect
-from tests.images.builds import TEST_REPOSITORY, built_image, image_ref
+from tests.images.builds import TEST_REPOSITORY, built_image, host_ca_bundle, image_ref
 
 pytestmark = pytest.mark.engine
 
@@ -61,13 +61,6 @@ def injector_image(
     yield from built_image(docker_client, builder, "agent-injector", base_images=bases)
 
 
-def _host_ca_bundle() -> Path | None:
-    """The machine's CA bundle, handed to pip in the build: it includes the CA of a
-    TLS-intercepting proxy when the machine trusts one (as this one may)."""
-    path = Path(os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt")
-    return path if path.is_file() else None
-
-
 @pytest.fixture(scope="module")
 def orchestrator_image(
     docker_client: docker.DockerClient, builder: str, sandbox_image: str
@@ -77,7 +70,7 @@ def orchestrator_image(
         builder,
         "orchestrator",
         base_images={"BASE_IMAGE": sandbox_image},
-        ca_bundle=_host_ca_bundle(),
+        ca_bundle=host_ca_bundle(),
     )
 
 

@@ -212,6 +212,16 @@ def test_push_without_login_only_pushes(fake_builders: FakeBuilders) -> None:
     assert fake_builders.args("login") == []
 
 
+def test_a_plain_http_push_tells_podman_and_leaves_docker_to_its_daemon(
+    fake_builders: FakeBuilders,
+) -> None:
+    ref = "10.200.0.2:5000/orchard/sandbox:t"
+    for builder in ("podman", "docker"):
+        fake_builders.install(builder)
+        push_images({"sandbox": ref}, builder=builder, plain_http=True)
+    assert fake_builders.args("push") == [["push", "--tls-verify=false", ref], ["push", ref]]
+
+
 def test_push_refuses_local_references_before_anything(fake_builders: FakeBuilders) -> None:
     fake_builders.install("podman")
     with pytest.raises(ConfigError) as caught:

@@ -44,6 +44,10 @@ def test_render_prints_kubectl_yaml_with_masked_secrets() -> None:
     image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image == f"localhost/orchard/orchestrator:{TAG}"
     assert "nodeSelector" not in deployment["spec"]["template"]["spec"]  # generic cluster
+    # The tools image is opt-in: unless the profile says `tools: true` it is not built, so
+    # sandboxes must not be given it (a pod with an image no registry holds never starts).
+    config_map = next(obj for obj in objects if obj["kind"] == "ConfigMap")
+    assert "ORCHARD_TOOLS_IMAGE" not in config_map["data"]
     assert result.stderr == ""
 
 
@@ -61,6 +65,15 @@ def test_render_reads_the_profile(tmp_path: Path) -> None:
     assert pod["nodeSelector"] == {"kubernetes.azure.com/mode": "system"}
     assert pod["containers"][0]["image"] == f"prodacr.azurecr.io/orchard/orchestrator:{TAG}"
     assert deployment["metadata"]["labels"]["app.kubernetes.io/instance"] == "prod"
+
+
+def test_a_profile_with_tools_gives_the_sandboxes_the_tools_image(tmp_path: Path) -> None:
+    profile = tmp_path / "tools.yaml"
+    profile.write_text(yaml.safe_dump({"target": "kubeconfig", "tools": True}))
+    result = runner.invoke(app, ["deploy", "--render", "--profile", str(profile), "--tag", TAG])
+    assert result.exit_code == 0, result.output
+    config_map = next(o for o in yaml.safe_load_all(result.stdout) if o["kind"] == "ConfigMap")
+    assert config_map["data"]["ORCHARD_TOOLS_IMAGE"] == f"localhost/orchard/tools:{TAG}"
 
 
 def test_dry_run_without_a_cluster_still_renders(tmp_path: Path) -> None:

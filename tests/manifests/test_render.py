@@ -63,6 +63,8 @@ RENDERS: dict[str, DeployValues] = {
                     "sandbox_namespace": "lab-sandboxes",
                     "load_balancer": True,
                     "load_balancer_source_ranges": ["10.0.0.0/8"],
+                    "node_selector": {"pool": "system"},
+                    "tolerations": [{"key": "dedicated", "operator": "Exists"}],
                 },
                 "limits": {"default_cpu": "500m", "max_memory": "8Gi", "pids_limit": 512},
             }
@@ -324,6 +326,25 @@ def test_the_aks_overlay_places_the_service_on_the_system_pool() -> None:
         assert "azure" not in text, f"{obj['kind']}/{obj['metadata']['name']}"
 
 
+def test_the_profile_places_the_orchestrator_beside_what_the_overlay_says() -> None:
+    toleration = {"key": "lab.example/only", "value": "orchard", "effect": "NoSchedule"}
+    placed = replace(FULL, node_selector={"disk": "ssd"}, tolerations=(toleration,))
+    objects = render(placed)
+    for name in ("orchard-orchestrator", "orchard-redis"):
+        pod = _by(objects, "Deployment", name)["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"kubernetes.azure.com/mode": "system", "disk": "ssd"}
+        assert pod["tolerations"] == [
+            {"key": "CriticalAddonsOnly", "operator": "Exists", "effect": "NoSchedule"},
+            toleration,
+        ]
+    generic = _orchestrator(render(RENDERS["generic"]))["spec"]["template"]["spec"]
+    assert generic["nodeSelector"] == {"pool": "system"}
+    assert generic["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    default = _orchestrator(render(RENDERS["default"]))["spec"]["template"]["spec"]
+    assert "nodeSelector" not in default
+    assert "tolerations" not in default
+
+
 def test_the_load_balancer_only_for_the_source_ranges() -> None:
     assert not [
         o
@@ -385,6 +406,14 @@ def test_a_settings_change_rolls_the_pods() -> None:
             {"service": {"load_balancer": True, "load_balancer_source_ranges": ["10.0.0.300/8"]}},
             "service.load_balancer_source_ranges: '10.0.0.300/8' does not appear to be an "
             "IPv4 or IPv6 network",
+        ),
+        (
+            {"service": {"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}},
+            "test: service.tolerations.0: a toleration with operator Exists takes no value",
+        ),
+        (
+            {"service": {"tolerations": [{"effect": "NoSchedule"}]}},
+            "test: service.tolerations.0: a toleration without a key needs operator Exists",
         ),
         (
             {"service": {"redis": True, "replicas": 2}},

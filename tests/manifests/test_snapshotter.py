@@ -209,3 +209,43 @@ def test_deploy_makes_one_token_keeps_it_and_undeploy_removes_the_namespace(
     deleted = undeploy(profile, kubeconfig=kubeconfig, interval=0.01)
     assert deleted == ["lab-sandboxes", "lab", "lab-snapshotter"]
     assert kube.objects == {}
+
+
+def test_a_local_registry_a_moved_containerd_and_tainted_nodes() -> None:
+    """A registry without TLS, a containerd root elsewhere (k3s, the local cluster) and a
+    further taint on the sandbox nodes reach the snapshotter and the orchestrator."""
+    values = _values(
+        target="kubeconfig",
+        registry={"server": "10.200.0.2:5000", "plain_http": True},
+        snapshotter={
+            "containerd_root": "/var/lib/rancher/k3s/agent/containerd",
+            "tolerations": [{"key": "lab.example/gpu", "operator": "Exists"}],
+        },
+    )
+    objects = render(values)
+    pod = _by(objects, "DaemonSet", "orchard-snapshotter", "lab-snapshotter")["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    env = {v["name"]: v["value"] for v in container["env"]}
+    assert env["ORCHARD_SNAPSHOTTER_PLAIN_HTTP"] == "10.200.0.2:5000"
+    assert env["ORCHARD_SNAPSHOTTER_TARGET_PREFIX"] == "10.200.0.2:5000/orchard/snapshots:"
+    root = "/var/lib/rancher/k3s/agent/containerd"
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "containerd")
+    assert volume["hostPath"] == {"path": root, "type": "Directory"}
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "containerd")
+    assert mount == {"name": "containerd", "mountPath": root, "readOnly": True}
+    assert pod["spec"]["tolerations"][-1] == {"key": "lab.example/gpu", "operator": "Exists"}
+    config = _by(objects, "ConfigMap", "orchard-config", "lab")["data"]
+    parsed = {s.key: s.parse(config[s.env]) for s in SERVICE_SETTINGS if s.env in config}
+    assert parsed["registry_plain_http"] is True
+    default = _by(render(_values()), "ConfigMap", "orchard-config", "lab")["data"]
+    assert "ORCHARD_REGISTRY_PLAIN_HTTP" not in default
+    for version in SUPPORTED_KUBERNETES_VERSIONS:
+        for obj in objects:
+            kubernetes_validate.validate(obj, f"{version}.0", strict=True)
+
+
+def test_the_containerd_root_is_an_absolute_path() -> None:
+    with pytest.raises(
+        ConfigError, match=r"snapshotter.containerd_root: 'var/lib' is not an absolute"
+    ):
+        _values(snapshotter={"containerd_root": "var/lib"})

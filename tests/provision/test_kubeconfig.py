@@ -99,27 +99,33 @@ def cluster() -> Iterator[FakeCluster]:
         running.stop()
 
 
-def registry(status: int) -> httpx.MockTransport:
+def registry(status: int, scheme: str = "https") -> httpx.MockTransport:
     def answer(request: httpx.Request) -> httpx.Response:
-        assert str(request.url) == "https://registry.example:5000/v2/"
+        assert str(request.url) == f"{scheme}://registry.example:5000/v2/"
         return httpx.Response(status)
 
     return httpx.MockTransport(answer)
 
 
 def make(
-    fake: FakeCluster, tmp_path: Path, *, status: int = 401, server: str | None = None
+    fake: FakeCluster,
+    tmp_path: Path,
+    *,
+    status: int = 401,
+    server: str | None = None,
+    plain_http: bool = False,
 ) -> KubeconfigTarget:
     path = fake.kubeconfig(tmp_path / "kubeconfig")
     profile: DeploymentProfile = parse_profile(
         {
             "target": "kubeconfig",
             "kubeconfig": {"path": str(path), "context": "fake"},
-            "registry": {"server": server or "registry.example:5000"},
+            "registry": {"server": server or "registry.example:5000", "plain_http": plain_http},
         },
         source="test",
     )
-    return KubeconfigTarget(profile, registry_transport=registry(status))
+    scheme = "http" if plain_http else "https"
+    return KubeconfigTarget(profile, registry_transport=registry(status, scheme))
 
 
 def test_checks_find_version_policy_engine_and_nodes_to_label(
@@ -226,6 +232,15 @@ def test_the_registry_must_answer_200_or_401(
         )
         with pytest.raises(ConfigError, match="does not answer"):
             target.provision(lambda _m: None, consent=True)
+
+
+def test_a_plain_http_registry_is_checked_over_http(cluster: FakeCluster, tmp_path: Path) -> None:
+    target = make(cluster, tmp_path, status=200, plain_http=True)
+    assert target.check().registry_ok
+    down = make(cluster, tmp_path, status=503, plain_http=True)
+    assert down.registry_problem(down.check()) == (
+        "registry registry.example:5000 does not answer on http://registry.example:5000/v2/ (503)"
+    )
 
 
 def test_an_old_cluster_is_refused(cluster: FakeCluster, tmp_path: Path) -> None:

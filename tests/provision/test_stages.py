@@ -23,8 +23,11 @@ from provision.stages import (
     StageRunner,
     _digest,
 )
+from tests.images.conftest import FakeBuilders, fake_builders
 from tests.manifests.kube_fake import RunningFake, start_fake
 from tests.provision.test_kubeconfig import FakeCluster, add_daemonset, node, registry
+
+__all__ = ["fake_builders"]  # the image tests' fixture, used here too
 
 
 class Steps:
@@ -159,10 +162,12 @@ def cluster() -> Iterator[FakeCluster]:
         running.stop()
 
 
-def deployment(fake: FakeCluster, tmp_path: Path, **kwargs: Any) -> ClusterDeployment:
+def deployment(
+    fake: FakeCluster, tmp_path: Path, *, profile: dict[str, Any] | None = None, **kwargs: Any
+) -> ClusterDeployment:
     from provision.kubeconfig import KubeconfigTarget
 
-    profile = parse_profile(
+    lab = parse_profile(
         {
             "name": "lab",
             "target": "kubeconfig",
@@ -172,14 +177,16 @@ def deployment(fake: FakeCluster, tmp_path: Path, **kwargs: Any) -> ClusterDeplo
             },
             "registry": {"server": "registry.example:5000"},
             "image_tag": "1.0.0-test",
+            **(profile or {}),
         },
         source="test",
     )
+    scheme = "http" if lab.registry.plain_http else "https"
     return ClusterDeployment(
-        profile,
+        lab,
         state_dir=tmp_path / "state",
         resume_command="orchard up --profile lab.yaml",
-        infra=KubeconfigTarget(profile, registry_transport=registry(401)),
+        infra=KubeconfigTarget(lab, registry_transport=registry(401, scheme)),
         **kwargs,
     )
 
@@ -203,6 +210,33 @@ def test_the_plan_of_a_kubeconfig_deployment_only_reads(
     assert plan.cost is None
     assert plan.warnings == ["labelling nodes needs consent: run `up` with --yes"]
     assert {r.method for r in cluster.requests} == {"GET"}
+
+
+def test_the_images_stage_builds_as_the_profile_says_and_pushes_over_plain_http(
+    cluster: FakeCluster,
+    tmp_path: Path,
+    fake_builders: FakeBuilders,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PATH", str(fake_builders.bin_dir))  # podman, and nothing else
+    fake_builders.install("podman")
+    ca = tmp_path / "proxy-ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    settings = {
+        "registry": {"server": "registry.example:5000", "plain_http": True},
+        "build": {"base_images": {"BASE_IMAGE": "localhost/debian:12"}, "ca_bundle": str(ca)},
+    }
+    lab = deployment(cluster, tmp_path, profile=settings, consent=True, smoke=False)
+    lab.up()
+    builds = {args[args.index("--tag") + 1]: args for args in fake_builders.args("build")}
+    orchestrator = builds["registry.example:5000/orchard/orchestrator:1.0.0-test"]
+    assert "BASE_IMAGE=localhost/debian:12" in orchestrator
+    assert f"id=ca-bundle,src={ca}" in orchestrator
+    injector = builds["registry.example:5000/orchard/agent-injector:1.0.0-test"]
+    assert not [arg for arg in injector if arg.startswith("BASE_IMAGE=")]  # not its argument
+    assert fake_builders.args("push") == [
+        ["push", "--tls-verify=false", ref] for ref in lab.plan().images.values()
+    ]
 
 
 def test_up_fails_at_images_without_a_builder_then_resumes_to_deploy(

@@ -51,8 +51,11 @@ def import_image(client: docker.DockerClient, image: str, name: str | None = Non
     """The engine's ``image`` into the node's containerd (``podman save | ctr images import``),
     also tagged ``name`` if given; returns the name the node knows it by."""
     _ctr("import", "-", data=b"".join(client.images.get(image).save(named=True)))
-    if name is None:
-        return image
+    return image if name is None else tag_image(image, name)
+
+
+def tag_image(image: str, name: str) -> str:
+    """Give an image the node's containerd holds a further name; returns it."""
     _ctr("tag", "--force", image, name)
     return name
 

@@ -13,6 +13,8 @@ grace period of 0 once its agent is stopped, which is the kubelet's part of a gr
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -21,7 +23,7 @@ from kubernetes import client as k8s
 from kubernetes import watch
 
 from manifests.render import snapshotter_namespace
-from tests.kube_local import LocalCluster
+from tests.kube_local import STATE, LocalCluster
 
 Obj = dict[str, Any]
 NODE = "orchard-test-node"
@@ -68,12 +70,36 @@ def ensure_node(cluster: LocalCluster) -> None:
 def deployment_node(
     cluster: LocalCluster, namespace: str, sandbox_namespace: str, *, run_agents: bool
 ) -> Iterator[NodePods]:
-    """The node side of a deployment with these namespaces: :data:`NODE`, a PersistentVolume
-    pre-bound to the orchestrator's state claim (the local cluster has no StorageClass; a
-    real cluster's default class provisions one), and the :class:`NodePods` of the
-    namespaces (sandbox pods left to a FakeKubelet if ``run_agents``, else reported ready)."""
+    """The node side of a deployment with these namespaces: :data:`NODE`, the
+    :func:`state_volume` of its orchestrator, and the :class:`NodePods` of the namespaces
+    (sandbox pods left to a FakeKubelet if ``run_agents``, else reported ready)."""
     ensure_node(cluster)
+    ready = [namespace, snapshotter_namespace(namespace)]
+    with state_volume(cluster, namespace):
+        pods = NodePods(
+            cluster,
+            namespaces=[sandbox_namespace] if run_agents else [],
+            ready_namespaces=ready if run_agents else [*ready, sandbox_namespace],
+        )
+        try:
+            yield pods
+        finally:
+            pods.close()
+
+
+@contextlib.contextmanager
+def state_volume(
+    cluster: LocalCluster, namespace: str, *, owner: int | None = None
+) -> Iterator[None]:
+    """A PersistentVolume pre-bound to the state claim of the orchestrator in ``namespace``
+    (the local cluster has no StorageClass; a real cluster's default class provisions one).
+    It is a host directory; for a pod on the real node it is made here, owned by uid
+    ``owner`` (the kubelet does not give a hostPath volume to the pod's fsGroup)."""
     volume = f"state-{namespace}"
+    path = STATE / "volumes" / volume
+    if owner is not None:
+        path.mkdir(parents=True, mode=0o700)
+        os.chown(path, owner, owner)
     with cluster.admin() as api:
         k8s.CoreV1Api(api).create_persistent_volume(
             {
@@ -82,23 +108,17 @@ def deployment_node(
                     "capacity": {"storage": "5Gi"},
                     "accessModes": ["ReadWriteOnce"],
                     "persistentVolumeReclaimPolicy": "Retain",
-                    "hostPath": {"path": f"/var/lib/orchard/k8s/volumes/{volume}"},
+                    "hostPath": {"path": str(path)},
                     "claimRef": {"namespace": namespace, "name": "orchard-state"},
                 },
             }
         )
-    ready = [namespace, snapshotter_namespace(namespace)]
-    pods = NodePods(
-        cluster,
-        namespaces=[sandbox_namespace] if run_agents else [],
-        ready_namespaces=ready if run_agents else [*ready, sandbox_namespace],
-    )
     try:
-        yield pods
+        yield
     finally:
-        pods.close()
         with cluster.admin() as api, contextlib.suppress(k8s.ApiException):
             k8s.CoreV1Api(api).delete_persistent_volume(volume)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _plain(api: k8s.ApiClient, obj: Any) -> Obj:
