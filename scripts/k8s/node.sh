@@ -96,6 +96,10 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 podLogsDir: $n/logs
 podPidsLimit: 4096
+# The kubelet (1.35: KEP-2535, beta) otherwise treats an image it has once pulled from a
+# registry as no longer preloaded: the same image imported under another name then fails
+# with ErrImageNeverPull. The test cluster has no pull secrets to protect.
+imagePullCredentialsVerificationPolicy: NeverVerify
 clusterDNS: [10.96.0.10]
 clusterDomain: cluster.local
 registerWithTaints:
