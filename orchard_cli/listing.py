@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import SplitResult, urlencode, urlsplit
 
-from orchard_cli.output import Column, emit_list, output_format, pairs, when
+from orchard_cli.output import Column, emit_list, output_format, pairs, parse_pairs, when
 from orchard_env import __version__
 from orchard_env.contexts import client_settings
 from orchard_env.errors import OrchardError
@@ -93,11 +93,11 @@ def quick_sandbox_list(args: list[str]) -> bool:
         settings = client_settings(
             options.get("url"), options.get("api_key"), options.get("context")
         )
+        labels = parse_pairs(options.get("labels"), "label")
     except OrchardError:
         return False
-    labels = _labels(options.get("labels", []))
     chunk_size = options.get("chunk_size", "500")
-    if fmt not in ("table", "wide", "name", "quiet") or labels is None or not _chunk(chunk_size):
+    if fmt not in ("table", "wide", "name", "quiet") or not _chunk(chunk_size):
         return False
     params = [("label", f"{key}={value}") for key, value in labels.items()]
     if "status" in options:
@@ -164,16 +164,6 @@ def _options(args: list[str]) -> dict[str, Any] | None:
         else:
             options[key] = value
     return options
-
-
-def _labels(items: list[str]) -> dict[str, str] | None:
-    labels: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            return None
-        labels[key] = value
-    return labels
 
 
 def _chunk(value: str) -> bool:

@@ -61,6 +61,19 @@ def output_format(output: str | None, *, json_: bool = False, quiet: bool = Fals
     return chosen[0] if chosen else "table"
 
 
+def parse_pairs(items: list[str] | None, what: str) -> dict[str, str]:
+    """``KEY=VALUE`` items (``--label``, ``--env``) as a dict, the last of a key winning."""
+    pairs: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidRequest(
+                f"{what} {item!r} is not KEY=VALUE", hint=f"for example --{what} team=rl"
+            )
+        pairs[key] = value
+    return pairs
+
+
 def when(value: datetime | float | None) -> str:
     """An instant to the second, UTC; a float is Unix epoch seconds (the wire's form)."""
     if isinstance(value, float | int):

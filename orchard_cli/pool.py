@@ -17,8 +17,8 @@ from orchard_cli.console import (
     err,
     out,
 )
-from orchard_cli.output import Column, emit_list, output_format, pairs, print_json
-from orchard_cli.sandbox import EnvOpt, _pairs
+from orchard_cli.output import Column, emit_list, output_format, pairs, parse_pairs, print_json
+from orchard_cli.sandbox import EnvOpt
 from orchard_env.protocol import PoolInfo
 from orchard_env.smoke import DEFAULT_IMAGE
 
@@ -78,7 +78,7 @@ def create(
             block_network=not network,
             cpu=cpu,
             memory=memory,
-            env=_pairs(env, "env"),
+            env=parse_pairs(env, "env"),
             workdir=workdir,
             ttl_seconds=ttl,
         )

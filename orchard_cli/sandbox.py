@@ -27,8 +27,17 @@ from orchard_cli.console import (
     err,
     out,
 )
-from orchard_cli.listing import emit_sandboxes
-from orchard_cli.output import Column, emit_list, emit_one, encode, output_format, print_json, when
+from orchard_cli.listing import MAX_CHUNK_SIZE, emit_sandboxes
+from orchard_cli.output import (
+    Column,
+    emit_list,
+    emit_one,
+    encode,
+    output_format,
+    parse_pairs,
+    print_json,
+    when,
+)
 from orchard_env.errors import InvalidRequest, JobNotFound
 from orchard_env.smoke import DEFAULT_IMAGE
 
@@ -48,18 +57,6 @@ LabelOpt = Annotated[
 EnvOpt = Annotated[
     list[str] | None, typer.Option("--env", "-e", help="Variable KEY=VALUE (repeatable).")
 ]
-
-
-def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
-    pairs: dict[str, str] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InvalidRequest(
-                f"{what} {item!r} is not KEY=VALUE", hint=f"for example --{what} team=rl"
-            )
-        pairs[key] = value
-    return pairs
 
 
 FILE_COLUMNS: tuple[Column[FileEntry], ...] = (
@@ -114,7 +111,7 @@ def create(
     Quantities are Kubernetes': --memory 8G is 8x10^9 bytes (7.45 GiB), 8Gi is 8 GiB;
     --cpu 500m is half a core. The parsed values are echoed on stderr.
     """
-    labels, variables = _pairs(label, "label"), _pairs(env, "env")
+    labels, variables = parse_pairs(label, "label"), parse_pairs(env, "env")
     for line in _quantities(cpu, memory):
         err.print(line)
     with connect(url, api_key, context) as client, err.status(f"creating a sandbox from {image}"):
@@ -167,7 +164,10 @@ def list_(
     chunk_size: Annotated[
         int,
         typer.Option(
-            "--chunk-size", min=1, max=10_000, help="Sandboxes fetched per request (as kubectl)."
+            "--chunk-size",
+            min=1,
+            max=MAX_CHUNK_SIZE,
+            help="Sandboxes fetched per request (as kubectl).",
         ),
     ] = 500,
     output: OutputOpt = None,
@@ -181,7 +181,7 @@ def list_(
     fmt = output_format(output, json_=json_, quiet=quiet)
     with connect(url, api_key, context) as client:
         sandboxes = client.list_sandboxes(
-            labels=_pairs(label, "label") or None, status=status, chunk_size=chunk_size
+            labels=parse_pairs(label, "label") or None, status=status, chunk_size=chunk_size
         )
     emit_sandboxes(encode(sandboxes), fmt)
 
@@ -258,7 +258,7 @@ def exec_(
         events = sandbox.exec_stream(
             argv,
             cwd=cwd,
-            env=_pairs(env, "env"),
+            env=parse_pairs(env, "env"),
             timeout=timeout,
             login_shell=login,
             stdin=data,
@@ -485,7 +485,7 @@ def fork(
     """
     with connect(url, api_key, context) as client, err.status(f"forking {sandbox_id}"):
         forks = client.get_sandbox(sandbox_id).fork(
-            count, labels=_pairs(label, "label"), allow_partial=allow_partial
+            count, labels=parse_pairs(label, "label"), allow_partial=allow_partial
         )
     if json_:
         print_json([sb.info for sb in forks])
@@ -518,7 +518,8 @@ def rm(
         ids = list(sandbox_ids or [])
         if all_:
             ids += [
-                sb.sandbox_id for sb in client.list_sandboxes(labels=_pairs(label, "label") or None)
+                sb.sandbox_id
+                for sb in client.list_sandboxes(labels=parse_pairs(label, "label") or None)
             ]
             where = client.base_url + (f" (context {client.context})" if client.context else "")
             listed = ", ".join(ids) if ids else "none"

@@ -24,8 +24,17 @@ from orchard_cli.console import (
     err,
     out,
 )
-from orchard_cli.output import Column, emit_list, emit_one, output_format, pairs, print_json, when
-from orchard_cli.sandbox import EnvOpt, LabelOpt, _pairs
+from orchard_cli.output import (
+    Column,
+    emit_list,
+    emit_one,
+    output_format,
+    pairs,
+    parse_pairs,
+    print_json,
+    when,
+)
+from orchard_cli.sandbox import EnvOpt, LabelOpt
 from orchard_env.errors import SnapshotNotFound
 
 if TYPE_CHECKING:
@@ -76,7 +85,7 @@ def create(
     """Snapshot a sandbox's filesystem (running processes are not part of it); print its id."""
     with connect(url, api_key, context) as client, err.status(f"snapshotting {sandbox_id}"):
         snap = client.get_sandbox(sandbox_id).snapshot(
-            name=name, labels=_pairs(label, "label"), ttl_seconds=ttl
+            name=name, labels=parse_pairs(label, "label"), ttl_seconds=ttl
         )
     if json_:
         print_json(snap)
@@ -117,7 +126,7 @@ def list_(
     """List snapshots, oldest first, filtered by label."""
     fmt = output_format(output, json_=json_, quiet=quiet)
     with connect(url, api_key, context) as client:
-        snapshots = client.list_snapshots(_pairs(label, "label") or None, include_deleted=all_)
+        snapshots = client.list_snapshots(parse_pairs(label, "label") or None, include_deleted=all_)
     columns = (*SNAPSHOT_COLUMNS, DELETED) if all_ else SNAPSHOT_COLUMNS
     emit_list(snapshots, columns, fmt, kind="snapshot", key=lambda snap: snap.snapshot_id)
 
@@ -197,8 +206,8 @@ def restore(
         sandbox = client.restore(
             snapshot_id,
             sandbox_id,
-            labels=_pairs(label, "label"),
-            env=_pairs(env, "env"),
+            labels=parse_pairs(label, "label"),
+            env=parse_pairs(env, "env"),
             ttl_seconds=ttl,
             idle_timeout_seconds=idle_timeout,
         )

@@ -164,7 +164,7 @@ def write_difference(source: Path, target: Path, before: Manifest, now: Manifest
             continue  # its parent's whiteout hides it
         if parent and not (parent in now and stat.S_ISDIR(now[parent][0])):
             continue  # the parent is no longer a directory: what replaced it hides this
-        if below_refreshed(path) or (parent and parent in refreshed):
+        if below_refreshed(path):
             continue  # an opaque parent hides it
         if parent:
             make_directory(parent, opaque=False)
