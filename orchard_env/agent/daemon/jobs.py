@@ -32,6 +32,13 @@ class JobTable:
     def __init__(self, procs: Processes) -> None:
         self.procs = procs
         self.jobs: dict[str, Job] = {}
+        # Finished jobs in the order they finished, and those of them still holding output
+        # (with its bytes and spool files counted), so that keeping them bounded costs the
+        # same per finished job however many are kept.
+        self.finished: dict[Job, None] = {}
+        self.holding: dict[Job, None] = {}
+        self.held_bytes = 0
+        self.held_spools = 0
         self.memory = Budget()
         self.spool_dir = spool_dir()
         self.cancelled_ahead: dict[str, None] = {}  # insertion-ordered: the oldest go first
@@ -71,25 +78,35 @@ class JobTable:
         for job in self.jobs.values():
             job.kill("cancel")
 
-    def job_finished(self) -> None:
-        """Keep finished jobs bounded by age, count and buffered bytes (oldest go first)."""
+    def job_finished(self, job: Job) -> None:
+        """Keep finished jobs bounded by age, count and buffered bytes (oldest go first): a
+        job past the age or count loses its record, one past the bytes or spool files its
+        output (its final event stays)."""
+        self.finished[job] = None
+        self.holding[job] = None
+        self.held_bytes += job.log.size
+        self.held_spools += job.log.fd is not None
         now = time.monotonic()
-        finished = [job for job in self.jobs.values() if job.done]
-        excess = len(finished) - JOB_KEEP_COUNT
-        kept = []
-        for job in finished:
-            if excess > 0 or now - job.finished_at > JOB_KEEP_SECONDS:
-                del self.jobs[job.job_id]
-                excess -= 1
-            else:
-                kept.append(job)
-        total = sum(job.log.size for job in kept)
-        spooled = sum(job.log.fd is not None for job in kept)
-        for job in kept:
-            if total <= JOB_BUFFER_BUDGET and spooled <= SPOOLED_KEEP_COUNT:
+        while self.finished:
+            oldest = next(iter(self.finished))
+            expired = now - oldest.finished_at > JOB_KEEP_SECONDS
+            if len(self.finished) <= JOB_KEEP_COUNT and not expired:
                 break
-            spooled -= job.log.fd is not None
-            total -= job.drop_output()
+            del self.finished[oldest]
+            if self.jobs.get(oldest.job_id) is oldest:
+                del self.jobs[oldest.job_id]
+            self._release(oldest)
+        while self.holding and (
+            self.held_bytes > JOB_BUFFER_BUDGET or self.held_spools > SPOOLED_KEEP_COUNT
+        ):
+            self._release(next(iter(self.holding)))
+
+    def _release(self, job: Job) -> None:
+        """Free a finished job's output (once)."""
+        if job in self.holding:
+            del self.holding[job]
+            self.held_spools -= job.log.fd is not None
+            self.held_bytes -= job.drop_output()
 
 
 class Job:
@@ -201,7 +218,7 @@ class Job:
         self.finished_at = time.monotonic()
         self.pgid = None
         self._wake()
-        self.table.job_finished()
+        self.table.job_finished(self)
 
     # running
 
