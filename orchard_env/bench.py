@@ -129,9 +129,14 @@ def bench_exec(
     with client.create_sandbox(image) as sandbox:
         for _ in range(10):
             sandbox.exec(["true"], check=True, shell=False)
+        on_host = (
+            host_sandbox_processes(engine_url, sandbox.sandbox_id) if engine_url is not None else {}
+        )
+        agents = on_host.get("agent", [])
         progress(f"timing {n} execs through Orchard")
         client_cpu = time.process_time()
         service_cpu = cpu_seconds(orchestrator_pid) if orchestrator_pid else 0.0
+        agent_cpu = sum(map(cpu_seconds, agents))
         samples = [
             _timed(lambda: sandbox.exec(["true"], check=True, shell=False)) for _ in range(n)
         ]
@@ -143,6 +148,10 @@ def bench_exec(
             result.figures["orchestrator CPU ms per exec"] = round(
                 (cpu_seconds(orchestrator_pid) - service_cpu) * 1000 / n, 2
             )
+        if agents:
+            result.figures["agent CPU ms per exec (the commands' own not counted)"] = round(
+                (sum(map(cpu_seconds, agents)) - agent_cpu) * 1000 / n, 2
+            )
         if engine_url is not None:
             progress(f"timing {n} execs through the engine's exec_run")
             engine = _engine_samples(engine_url, sandbox.sandbox_id, n)
@@ -153,12 +162,16 @@ def bench_exec(
         # The agent is non-dumpable, so its memory is unreadable from inside the sandbox:
         # read it from this host when the engine is local, else from inside (init only).
         listing = (
-            host_agent_listing(engine_url, sandbox.sandbox_id)
-            if engine_url is not None
+            memory_listing(agents)
+            if agents
             else sandbox.exec(["/bin/sh", "-c", _AGENT_PSS], shell=False).stdout
         )
-        memory = _agent_memory(listing)
-        result.figures.update(memory)
+        result.figures.update(_agent_memory(listing))
+        if on_host:
+            whole = memory_listing([pid for pids in on_host.values() for pid in pids])
+            result.figures["the sandbox's processes on the host, PSS MB (monitor, init, agent)"] = (
+                round(sum(float(line.split()[1]) for line in whole.splitlines()) / 1024, 1)
+            )
     return result
 
 
@@ -175,15 +188,17 @@ def _engine_samples(engine_url: str, sandbox_id: str, n: int) -> list[float]:
         engine.close()
 
 
-def host_agent_listing(engine_url: str, sandbox_id: str) -> str:
-    """``pid pss_kb rss_kb uss_kb`` of the sandbox's agent processes, read from this host's /proc:
-    the processes under the container's first one whose command line runs the agent."""
+def host_sandbox_processes(engine_url: str, sandbox_id: str) -> dict[str, list[int]]:
+    """The sandbox's processes on this host by role, from /proc: ``monitor`` (the engine's
+    per-container process, e.g. conmon: the parent of the container's first process),
+    ``init`` (that first process), ``agent`` (whose command line runs the agent) and
+    ``other`` (the rest of the container's tree)."""
     import docker
 
     engine = docker.DockerClient(base_url=engine_url)
     try:
         (container,) = engine.containers.list(filters={"label": f"orchard.sandbox-id={sandbox_id}"})
-        tree = {int(container.attrs["State"]["Pid"])}
+        init = int(container.attrs["State"]["Pid"])
     finally:
         engine.close()
     parents = {}
@@ -193,16 +208,29 @@ def host_agent_listing(engine_url: str, sandbox_id: str) -> str:
                 parents[int(proc.name)] = int(stat_fields(int(proc.name))[1])
         except OSError:
             continue
+    tree = {init}
     grown = True
     while grown:
         before = len(tree)
         tree |= {pid for pid, parent in parents.items() if parent in tree}
         grown = len(tree) > before
-    lines = []
-    for pid in sorted(tree):
+    roles: dict[str, list[int]] = {"monitor": [], "init": [init], "agent": [], "other": []}
+    if parents.get(init, 1) > 1:
+        roles["monitor"].append(parents[init])
+    for pid in sorted(tree - {init}):
         try:
-            if b"/agent\0--listen" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-                continue
+            agent = b"/agent\0--listen" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        roles["agent" if agent else "other"].append(pid)
+    return roles
+
+
+def memory_listing(pids: Sequence[int]) -> str:
+    """``pid pss_kb rss_kb uss_kb`` per process still running, read from this host's /proc."""
+    lines = []
+    for pid in pids:
+        try:
             rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
             pss = _kb(rollup, "Pss:")
             uss = _kb(rollup, "Private_Clean:") + _kb(rollup, "Private_Dirty:")

@@ -15,7 +15,7 @@ from uuid import uuid4
 import docker
 import pytest
 
-from orchard_env import errors
+from orchard_env import bench, errors
 from orchard_env.agent.bundle import BUNDLE_MOUNT, RUN_DIR_MOUNT
 from orchard_env.agent.client import AgentClient, Exit, Output
 from orchard_env.config import ServiceSettings, service_settings
@@ -478,3 +478,30 @@ async def test_capacity_is_the_engine_machine(backend: DockerEngineBackend) -> N
     assert node.capacity.cpu == float(info["NCPU"]) >= 1
     assert node.capacity.memory_bytes == info["MemTotal"] > 0
     assert node.allocatable == node.capacity
+
+
+def _comm(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+async def test_the_benchmark_finds_a_sandboxs_processes_on_this_host(
+    backend: DockerEngineBackend, spec: Callable[..., SandboxSpec], sandbox_image: str
+) -> None:
+    """What `orchard bench exec` reads the agent's CPU and the sandbox's memory from: the
+    engine's monitor, the container's init, the agent (one more command's process is an
+    ``other``)."""
+    sandbox = await _ready(backend, spec(image=sandbox_image))
+    async with _agent(sandbox) as agent:
+        events = agent.exec(uuid4().hex, "echo started; exec sleep 60", timeout=60)
+        assert isinstance(await anext(events), Output)
+        roles = await asyncio.to_thread(
+            bench.host_sandbox_processes, backend._engine, sandbox.sandbox_id
+        )
+        await events.aclose()
+    (monitor,) = roles["monitor"]
+    (init,) = roles["init"]
+    assert _comm(monitor) == "conmon" and _comm(init) == "podman-init"  # catatonit
+    assert roles["agent"] and [_comm(pid) for pid in roles["other"]] == ["sleep"]
+    listing = bench.memory_listing(roles["agent"]).splitlines()
+    assert [int(line.split()[0]) for line in listing] == roles["agent"]
+    assert all(int(field) > 0 for line in listing for field in line.split())
