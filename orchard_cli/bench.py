@@ -165,6 +165,32 @@ def launch(
 
 
 @app.command()
+def throughput(
+    sandboxes: Annotated[
+        int, typer.Option("--sandboxes", help="Ready sandboxes, each one exec in flight.", min=1)
+    ] = 100,
+    seconds: Annotated[
+        float, typer.Option("--seconds", help="Length of the measured window.", min=1)
+    ] = 20.0,
+    image: ImageOpt = DEFAULT_IMAGE,
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Execs per second sustained across many ready sandboxes (each runs `true` back to back),
+    their latency under that load, and (a local service) the orchestrator's CPU per exec."""
+    from orchard_env.bench_throughput import bench_throughput
+
+    make_client = _async_clients(url, api_key, context)
+    with err.status("throughput benchmark") as status:
+        result = bench_throughput(
+            make_client, image=image, sandboxes=sandboxes, seconds=seconds, progress=status.update
+        )
+    _emit(result, json_)
+
+
+@app.command()
 def fork(
     k: Annotated[int, typer.Option("--k", help="Sandboxes per fork (and fresh batch).")] = 8,
     snapshots: Annotated[int, typer.Option("--snapshots", help="Timed snapshots.")] = 5,

@@ -4,9 +4,7 @@ orchestrator on the fake backend, and the host measurements (the engine's on the
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 
 import docker
 import pytest
@@ -15,21 +13,7 @@ from orchard_env import bench_host
 from orchard_env.bench import bench_launch
 from orchard_env.orchestrator.backends.docker_engine import find_engine
 from orchard_env.sdk import AsyncSandboxClient, SandboxClient
-from tests.orchestrator.conftest import make_settings
-from tests.orchestrator.fakes import AgentProcessBackend
-from tests.servers import Live, fake_backend, live_service
-
-
-@pytest.fixture
-def live(tmp_path: Path) -> Iterator[Live]:
-    backend: AgentProcessBackend
-    with (
-        fake_backend() as backend,
-        live_service(
-            make_settings(tmp_path / "state"), key_name="bench", backend=backend
-        ) as running,
-    ):
-        yield running
+from tests.servers import Live
 
 
 @pytest.mark.parametrize("pool", [False, True])
