@@ -37,6 +37,7 @@ from orchard_env.sdk._handle import (
     route,
     share_docs,
 )
+from orchard_env.sdk._transport import LeanTransport, proxied
 from orchard_env.sdk.client import Sandbox, SandboxClient
 from orchard_env.sdk.pty import AsyncPtyProcess, init_frame, ws_url
 from orchard_env.sdk.results import ExecResult, FileEntry, Health, PatchResult, UploadResult
@@ -82,7 +83,7 @@ class AsyncSandboxClient(ClientView):
             base_url=self._core.base_url,
             headers=self._core.headers,
             timeout=self._core.http_timeout(),
-            transport=transport,
+            transport=transport or (None if proxied() else LeanTransport()),
             limits=_LIMITS,
         )
         self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
