@@ -36,6 +36,7 @@ from orchard_env.sdk._handle import (
     local_file,
     route,
 )
+from orchard_env.sdk._transport import LeanSyncTransport, proxied
 from orchard_env.sdk.results import ExecResult, FileEntry, Health, PatchResult, UploadResult
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ class SandboxClient(ClientView):
             base_url=self._core.base_url,
             headers=self._core.headers,
             timeout=self._core.http_timeout(),
-            transport=transport,
+            transport=transport or (None if proxied() else LeanSyncTransport()),
         )
         self._sleep: Callable[[float], None] = time.sleep
         self._heartbeats: weakref.WeakSet[Sandbox] = weakref.WeakSet()

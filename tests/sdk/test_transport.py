@@ -1,6 +1,7 @@
-"""The async client's lean transport against small servers of the tests' own: kept-alive
-connections, request bodies, failures mapped to the httpx errors the SDK's retries know, TLS
-verified as httpx verifies it, and httpx's own transport wherever a proxy is configured."""
+"""The clients' lean transports (async and sync) against small servers of the tests' own:
+kept-alive connections, request bodies, failures mapped to the httpx errors the SDK's retries
+know, TLS verified as httpx verifies it, and httpx's own transports wherever a proxy is
+configured."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import ssl
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from orchard_env.sdk import AsyncSandboxClient
-from orchard_env.sdk._transport import LeanTransport
+from orchard_env.sdk import AsyncSandboxClient, SandboxClient
+from orchard_env.sdk._transport import LeanSyncTransport, LeanTransport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -53,13 +55,44 @@ async def read_request(reader: asyncio.StreamReader) -> tuple[str, bytes] | None
     return lines[0], body
 
 
+async def echo_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Answer one request with its request line and body; False at the connection's end."""
+    request = await read_request(reader)
+    if request is None:
+        return False
+    line, body = request
+    payload = line.encode() + b"\n" + body
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(payload), payload))
+    await writer.drain()
+    return True
+
+
 async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Answers every request on the connection with its request line and body."""
-    while (request := await read_request(reader)) is not None:
-        line, body = request
-        payload = line.encode() + b"\n" + body
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(payload), payload))
-        await writer.drain()
+    """Answers every request on the connection."""
+    while await echo_one(reader, writer):
+        pass
+
+
+Fetch = Callable[..., Awaitable[httpx.Response]]
+
+
+@pytest.fixture(params=["async", "sync"])
+async def fetch(request: pytest.FixtureRequest) -> AsyncIterator[Fetch]:
+    """``await fetch(method, url, **options)`` through an httpx client on a lean transport:
+    the async one, or the sync one in a thread (the servers run on this event loop)."""
+    if request.param == "async":
+        async with httpx.AsyncClient(transport=LeanTransport()) as client:
+            yield client.request
+        return
+    sync = httpx.Client(transport=LeanSyncTransport())
+
+    async def call(method: str, url: str, content: Any = None) -> httpx.Response:
+        if hasattr(content, "__aiter__"):  # the sync client takes a plain iterator
+            content = iter([piece async for piece in content])
+        return await asyncio.to_thread(sync.request, method, url, content=content)
+
+    yield call
+    await asyncio.to_thread(sync.close)
 
 
 @pytest.fixture
@@ -79,28 +112,38 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[Server]]]:
 
 
 async def test_requests_share_a_kept_alive_connection_and_bodies_arrive_whole(
-    serve: Callable[..., Awaitable[Server]],
+    serve: Callable[..., Awaitable[Server]], fetch: Fetch
 ) -> None:
     server = await serve(echo)
+    base = f"http://127.0.0.1:{server.port}"
 
     async def chunks() -> AsyncIterator[bytes]:
         yield b"streamed "
         yield b"body"
 
-    async with httpx.AsyncClient(
-        transport=LeanTransport(), base_url=f"http://127.0.0.1:{server.port}"
-    ) as client:
-        first = await client.get("/a?x=1")
-        second = await client.post("/b", content=b"payload")
-        third = await client.put("/c", content=chunks())
+    first = await fetch("GET", f"{base}/a?x=1")
+    second = await fetch("POST", f"{base}/b", content=b"payload")
+    third = await fetch("PUT", f"{base}/c", content=chunks())
     assert first.text == "GET /a?x=1 HTTP/1.1\n"
     assert second.text == "POST /b HTTP/1.1\npayload"
     assert third.text == "PUT /c HTTP/1.1\nstreamed body"
     assert server.connections == 1
 
 
+async def test_a_kept_alive_connection_the_server_closed_is_replaced(
+    serve: Callable[..., Awaitable[Server]], fetch: Fetch
+) -> None:
+    async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await echo_one(reader, writer)  # then closes, though the answer said keep-alive
+
+    server = await serve(once)
+    url = f"http://127.0.0.1:{server.port}/again"
+    assert (await fetch("GET", url)).text == (await fetch("GET", url)).text
+    assert server.connections == 2
+
+
 async def test_failures_are_the_httpx_errors_the_sdk_retries_on(
-    serve: Callable[..., Awaitable[Server]], unused_tcp_port: int
+    serve: Callable[..., Awaitable[Server]], fetch: Fetch, unused_tcp_port: int
 ) -> None:
     async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
@@ -112,17 +155,16 @@ async def test_failures_are_the_httpx_errors_the_sdk_retries_on(
         writer.write(b"SMTP ready\r\n\r\n")
         await writer.drain()
 
-    async with httpx.AsyncClient(transport=LeanTransport()) as client:
-        with pytest.raises(httpx.ConnectError):  # nothing sent: safe to send again
-            await client.get(f"http://127.0.0.1:{unused_tcp_port}/")
-        cutter = await serve(cut)
-        with pytest.raises(httpx.ReadError, match="reading the answer"):
-            await client.get(f"http://127.0.0.1:{cutter.port}/")
-        liar = await serve(garbage)
-        with pytest.raises(httpx.RemoteProtocolError, match=r"not an HTTP/1\.1 status line"):
-            await client.get(f"http://127.0.0.1:{liar.port}/")
-        with pytest.raises(httpx.UnsupportedProtocol):
-            await client.get("ftp://127.0.0.1/")
+    with pytest.raises(httpx.ConnectError):  # nothing sent: safe to send again
+        await fetch("GET", f"http://127.0.0.1:{unused_tcp_port}/")
+    cutter = await serve(cut)
+    with pytest.raises(httpx.ReadError, match="reading the answer"):
+        await fetch("GET", f"http://127.0.0.1:{cutter.port}/")
+    liar = await serve(garbage)
+    with pytest.raises(httpx.RemoteProtocolError, match="SMTP"):
+        await fetch("GET", f"http://127.0.0.1:{liar.port}/")
+    with pytest.raises(httpx.UnsupportedProtocol):
+        await fetch("GET", "ftp://127.0.0.1/")
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:
@@ -139,27 +181,43 @@ def _certificate(folder: Path) -> tuple[Path, Path]:
     return cert, key
 
 
+@pytest.mark.parametrize("transport", [LeanTransport, LeanSyncTransport])
 async def test_tls_is_verified_against_the_trusted_certificates(
-    serve: Callable[..., Awaitable[Server]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    serve: Callable[..., Awaitable[Server]],
+    transport: type[LeanTransport | LeanSyncTransport],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cert, key = await asyncio.to_thread(_certificate, tmp_path)
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(cert, key)
     server = await serve(echo, tls)
     url = f"https://127.0.0.1:{server.port}/secure"
-    async with httpx.AsyncClient(transport=LeanTransport()) as client:
-        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-            await client.get(url)
+
+    async def get() -> httpx.Response:
+        # A new transport each time: the trusted certificates are read at its first TLS use.
+        if transport is LeanTransport:
+            async with httpx.AsyncClient(transport=LeanTransport()) as client:
+                return await client.get(url)
+        with httpx.Client(transport=LeanSyncTransport()) as sync:
+            return await asyncio.to_thread(sync.get, url)
+
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        await get()
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # as httpx honours it
-    async with httpx.AsyncClient(transport=LeanTransport()) as client:
-        assert (await client.get(url)).text == "GET /secure HTTP/1.1\n"
+    assert (await get()).text == "GET /secure HTTP/1.1\n"
 
 
-async def test_a_configured_proxy_keeps_httpxs_own_transport(
+async def test_a_configured_proxy_keeps_httpxs_own_transports(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async with AsyncSandboxClient("http://127.0.0.1:9", auto_cleanup=False) as lean:
+    url = "http://127.0.0.1:9"
+    async with AsyncSandboxClient(url, auto_cleanup=False) as lean:
         assert isinstance(lean._http._transport, LeanTransport)
+    with SandboxClient(url, auto_cleanup=False) as lean_sync:
+        assert isinstance(lean_sync._http._transport, LeanSyncTransport)
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
-    async with AsyncSandboxClient("http://127.0.0.1:9", auto_cleanup=False) as proxied:
+    async with AsyncSandboxClient(url, auto_cleanup=False) as proxied:
         assert isinstance(proxied._http._transport, httpx.AsyncHTTPTransport)
+    with SandboxClient(url, auto_cleanup=False) as proxied_sync:
+        assert isinstance(proxied_sync._http._transport, httpx.HTTPTransport)
