@@ -2,8 +2,9 @@
 
 Talks to the engine through the ``docker`` SDK (sync, on the backend's own threads: many
 creations at once, and inspections never queued behind them), so it works with Docker and
-with Podman's Docker-compatible API socket. A create is three round trips (create, start,
-inspect) once the image has been seen here. Per sandbox it makes:
+with Podman's Docker-compatible API socket. A create is two round trips (create, start) once
+the image has been seen here (its config is remembered: the tools payload's PATH and, on
+btrfs, the disk limit come from it). Per sandbox it makes:
 
 * a container ``orchard-<instance>-<sandbox_id>`` labelled with the instance, the state
   dir's id (:func:`~orchard_env.config.state_id`: only containers carrying this service's
@@ -47,7 +48,7 @@ import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -211,6 +212,26 @@ def _explanation(exc: docker.errors.APIError) -> str:
     return str(exc.explanation or exc)
 
 
+def _image_path(image: dict[str, Any]) -> str:
+    """The PATH an image (its attributes) sets; the usual default when it sets none."""
+    for item in (image.get("Config") or {}).get("Env") or []:
+        if item.startswith("PATH="):
+            return str(item[5:])
+    return DEFAULT_PATH
+
+
+def _inspect_form(listed: dict[str, Any], state: str) -> dict[str, Any]:
+    """The fields :meth:`DockerEngineBackend._describe` reads, from a container as the engine
+    lists it (``Created`` in seconds since the epoch, ``State`` a word)."""
+    created = datetime.fromtimestamp(int(listed.get("Created") or 0), tz=UTC)
+    return {
+        "Id": listed.get("Id"),
+        "Config": {"Labels": listed.get("Labels") or {}},
+        "State": {"Status": state, "Running": state == "running", "Paused": state == "paused"},
+        "Created": created.isoformat(),
+    }
+
+
 def _exit_reason(state: dict[str, Any], code: int | None) -> str:
     if state.get("OOMKilled"):
         return "OOMKilled"
@@ -268,11 +289,11 @@ class DockerEngineBackend:
         # burst of creations.
         self._lifecycle = ThreadPoolExecutor(LIFECYCLE_THREADS, thread_name_prefix="engine")
         self._queries = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="engine-query")
-        # Plain images (not snapshots) present and checked when last used: a create of one
-        # skips the lookup. Snapshot images are checked against their snapshot every time.
-        self._images_seen: set[str] = set()
-        self._host_memory: int | None = None
-        self._storage: tuple[str, str] | None = None
+        # Plain images (not snapshots) present and checked when last used, with what the
+        # engine said of them: a create of one skips the lookup. Snapshot images are checked
+        # against their snapshot every time.
+        self._images_seen: dict[str, dict[str, Any]] = {}
+        self._info: dict[str, Any] | None = None  # the engine's, asked once
         self._unbounded_said = False  # the warning that agent directories are not bounded
 
     # -- helpers --------------------------------------------------------------------------
@@ -360,7 +381,9 @@ class DockerEngineBackend:
 
     def _ensure_image(
         self, image: str, snapshot_id: str | None, timeout: int | None = None
-    ) -> None:
+    ) -> dict[str, Any]:
+        """The image's attributes (the engine's inspect), pulled first if it is missing;
+        refused if it is a snapshot image that is not ``snapshot_id`` of this instance."""
         try:
             found = self._client.images.get(image)
         except docker.errors.ImageNotFound:
@@ -385,6 +408,7 @@ class DockerEngineBackend:
             or labels.get(LABEL_INSTANCE) != self._settings.instance
         ):
             raise not_your_snapshot(image)
+        return dict(found.attrs)
 
     def _pull(self, image: str, timeout: int) -> str | None:
         """Pull ``image``; None on success, else the engine's reason. Fails fast: no progress
@@ -433,14 +457,19 @@ class DockerEngineBackend:
 
     # -- disk -------------------------------------------------------------------------------
 
+    def _engine_info(self) -> dict[str, Any]:
+        """What the engine says of itself (its machine's memory, its storage), asked once:
+        it costs Podman about a third of a second of CPU."""
+        if self._info is None:
+            self._info = dict(self._client.info())
+        return self._info
+
     def _storage_driver(self) -> tuple[str, str]:
-        """The engine's storage driver and what it runs on (asked once)."""
-        if self._storage is None:
-            info = self._client.info()
-            driver = str(info.get("Driver") or "unknown")
-            status = {str(item[0]): str(item[1]) for item in info.get("DriverStatus") or []}
-            self._storage = (driver, status.get("Backing Filesystem", "an unknown file system"))
-        return self._storage
+        """The engine's storage driver and what it runs on."""
+        info = self._engine_info()
+        driver = str(info.get("Driver") or "unknown")
+        status = {str(item[0]): str(item[1]) for item in info.get("DriverStatus") or []}
+        return driver, status.get("Backing Filesystem", "an unknown file system")
 
     def _disk_limit_refusal(self) -> str | None:
         """None if the engine's storage can cap a container's disk (``--storage-opt size``:
@@ -463,30 +492,24 @@ class DockerEngineBackend:
                 "docs/deployment.md",
             )
 
-    def _storage_options(self, spec: SandboxSpec) -> dict[str, str] | None:
+    def _storage_options(self, spec: SandboxSpec, image: dict[str, Any]) -> dict[str, str] | None:
         """The ``size`` storage option: ``disk``, else ``ephemeral_storage`` where the storage
         can enforce a limit (none where it cannot). On btrfs the limit is a qgroup's, which
-        counts the image's files too: the image's size and an eighth more for its metadata
-        are added, so that the sandbox can write about ``disk`` of its own."""
+        counts the image's files too: the ``image``'s size and an eighth more for its
+        metadata are added, so that the sandbox can write about ``disk`` of its own."""
         if self._disk_limit_refusal() is not None:
             return None
         size = self._settings.ephemeral_storage if spec.disk_bytes is None else spec.disk_bytes
         if self._storage_driver()[0] == "btrfs":
-            try:
-                image = self._client.images.get(spec.image)
-            except docker.errors.ImageNotFound:  # it went away since it was last seen here
-                self._images_seen.discard(spec.image)
-                self._ensure_image(spec.image, spec.snapshot_id, spec.ready_timeout_seconds)
-                image = self._client.images.get(spec.image)
-            image_size = int(image.attrs.get("Size") or 0)
+            image_size = int(image.get("Size") or 0)
             size += image_size + image_size // 8
         return {"size": str(size)}
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def _create(self, spec: SandboxSpec) -> BackendSandbox:
-        """Three engine round trips when the image is known here and the id is new: create,
-        start, inspect (four on btrfs storage, where the image's size is asked for too)."""
+        """Two engine round trips when the image is known here and the id is new: create and
+        start."""
         name = self._container_name(spec.sandbox_id)
         run_dir = self._run_dir(spec.sandbox_id)
         if not self._bundle_dir.is_dir():
@@ -503,19 +526,18 @@ class DockerEngineBackend:
                 hint=f"use a shorter sandbox id, or a shorter state_dir than "
                 f"{self._settings.state_dir}",
             )
-        if self._host_memory is None:
-            self._host_memory = int(self._client.info().get("MemTotal") or 0)
-        if self._host_memory and spec.memory_bytes > self._host_memory:
+        host_memory = int(self._engine_info().get("MemTotal") or 0)
+        if host_memory and spec.memory_bytes > host_memory:
             raise errors.InvalidRequest(
                 f"memory: {spec.memory_bytes / 2**30:.1f}Gi is more than this machine has "
-                f"({self._host_memory / 2**30:.1f}Gi)",
+                f"({host_memory / 2**30:.1f}Gi)",
                 hint="ask for less memory",
             )
         self._check_disk(spec)
         plain = spec.snapshot_id is None and not self.is_snapshot_image(spec.image)
-        if not (plain and spec.image in self._images_seen):
-            self._ensure_image(spec.image, spec.snapshot_id, spec.ready_timeout_seconds)
-        storage_options = self._storage_options(spec)
+        image = self._images_seen.get(spec.image) if plain else None
+        if image is None:
+            image = self._ensure_image(spec.image, spec.snapshot_id, spec.ready_timeout_seconds)
         # A directory already there may be a live sandbox's (its socket must stay): only then
         # is it worth asking the engine first; otherwise the create itself refuses a taken name.
         if run_dir.exists() and self._get(name) is not None:
@@ -530,11 +552,11 @@ class DockerEngineBackend:
         (run_dir / SOCKET_NAME).unlink(missing_ok=True)
         try:
             try:
-                container_id = self._create_container(spec, name, run_dir, storage_options)
+                container_id = self._create_container(spec, name, run_dir, image)
             except docker.errors.NotFound:  # its image went away since it was last seen here
-                self._images_seen.discard(spec.image)
-                self._ensure_image(spec.image, spec.snapshot_id, spec.ready_timeout_seconds)
-                container_id = self._create_container(spec, name, run_dir, storage_options)
+                self._images_seen.pop(spec.image, None)
+                image = self._ensure_image(spec.image, spec.snapshot_id, spec.ready_timeout_seconds)
+                container_id = self._create_container(spec, name, run_dir, image)
         except docker.errors.APIError as exc:
             if _name_in_use(exc):  # a concurrent create of the same id won
                 raise self._exists(spec.sandbox_id) from exc
@@ -550,7 +572,7 @@ class DockerEngineBackend:
                     _remove_run_dir(run_dir)
             raise
         if plain:
-            self._images_seen.add(spec.image)
+            self._images_seen[spec.image] = image
         try:
             self._client.api.start(container_id)
         except docker.errors.APIError as exc:
@@ -565,9 +587,15 @@ class DockerEngineBackend:
             raise errors.OrchardError(
                 f"the engine could not start sandbox {spec.sandbox_id!r}: {_explanation(exc)}"
             ) from exc
-        described = self._describe(self._client.api.inspect_container(container_id))
-        assert described is not None  # it carries this instance's labels, set above
-        return described
+        # Started: no inspect to say so (a round trip per create). One that stops at once is
+        # seen by the readiness checks, which inspect it when its agent does not answer.
+        return BackendSandbox(
+            sandbox_id=spec.sandbox_id,
+            state=SandboxState.RUNNING,
+            agent=AgentEndpoint(token=spec.agent_token, uds=str(run_dir / SOCKET_NAME)),
+            created_at=datetime.now(UTC),
+            record_annotation=spec.record_annotation,
+        )
 
     def _bound(self, run_dir: Path, made_dir: bool) -> None:
         """Mount the sandbox's bounded tmpfs at ``run_dir`` (:mod:`.run_dir`); where this
@@ -597,13 +625,10 @@ class DockerEngineBackend:
         )
 
     def _create_container(
-        self,
-        spec: SandboxSpec,
-        name: str,
-        run_dir: Path,
-        storage_options: dict[str, str] | None,
+        self, spec: SandboxSpec, name: str, run_dir: Path, image: dict[str, Any]
     ) -> str:
-        """The container (not started), in one round trip; its id."""
+        """The container (not started) of ``image`` (its attributes), in one round trip; its
+        id."""
         labels = {
             LABEL_CREATED_BY: "orchard",
             LABEL_INSTANCE: self._settings.instance,
@@ -627,7 +652,7 @@ class DockerEngineBackend:
             env[TOOLS_ENV] = TOOLS_BIN
             # In the container's own environment too, so a process the agent did not start
             # (the engine's exec) finds them, as upstream's /usr/local/bin links did.
-            env["PATH"] = f"{self._image_path(spec.image)}:{TOOLS_BIN}"
+            env["PATH"] = f"{_image_path(image)}:{TOOLS_BIN}"
             mounts += [
                 docker.types.Mount(target, str(source), type="bind", read_only=True)
                 for target, source in tool_mounts(self._tools_dir, tools)
@@ -638,7 +663,7 @@ class DockerEngineBackend:
             mem_limit=spec.memory_bytes,
             memswap_limit=spec.memory_bytes,  # equal: no swap
             pids_limit=spec.pids_limit,
-            storage_opt=storage_options,
+            storage_opt=self._storage_options(spec, image),
             network_mode="none" if spec.block_network else None,
             mounts=mounts,
             # No privilege gained through setuid binaries or file capabilities, and only the
@@ -664,14 +689,6 @@ class DockerEngineBackend:
         )
         return str(created["Id"])
 
-    def _image_path(self, image: str) -> str:
-        """The PATH the image sets (the usual default when it sets none)."""
-        config = self._client.images.get(image).attrs.get("Config") or {}
-        for item in config.get("Env") or []:
-            if item.startswith("PATH="):
-                return str(item[5:])
-        return DEFAULT_PATH
-
     def _tools_for(self, asked: tuple[str, ...] | None) -> tuple[str, ...]:
         """The harnesses a sandbox gets: all the payload has unless it asked for fewer."""
         if asked is None:
@@ -687,11 +704,27 @@ class DockerEngineBackend:
         return asked
 
     def _list(self) -> list[BackendSandbox]:
+        """One round trip for them all (the engine's list carries labels and state), and an
+        inspect of each one that is neither running nor paused: only an inspect says why a
+        container stopped. (The SDK's own list inspects every container: hundreds of round
+        trips at every reconciliation.)"""
         filters = {
             "label": [f"{LABEL_CREATED_BY}=orchard", f"{LABEL_INSTANCE}={self._settings.instance}"]
         }
-        containers = self._client.containers.list(all=True, filters=filters, ignore_removed=True)
-        return [found for c in containers if (found := self._found(c)) is not None]
+        containers = self._client.containers.list(all=True, filters=filters, sparse=True)
+        found = []
+        for container in containers:
+            state = str(container.attrs.get("State") or "").lower()
+            if state in ("running", "paused"):
+                container.attrs = _inspect_form(container.attrs, state)
+            else:
+                try:
+                    container.reload()
+                except docker.errors.NotFound:  # removed since it was listed
+                    continue
+            if (described := self._found(container)) is not None:
+                found.append(described)
+        return found
 
     def _inspect(self, sandbox_id: str) -> BackendSandbox | None:
         container = self._get(self._container_name(sandbox_id))

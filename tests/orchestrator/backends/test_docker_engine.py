@@ -4,10 +4,13 @@ network isolation and errors, with the real agent bundle answering on its unix s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -384,6 +387,7 @@ async def test_list_sees_only_this_instance(
     spec: Callable[..., SandboxSpec],
     settings: ServiceSettings,
     agent_bundle: Path,
+    docker_client: docker.DockerClient,
 ) -> None:
     other_settings = dataclasses.replace(
         settings, instance=f"{settings.instance}-other", state_dir=settings.state_dir / "other"
@@ -398,7 +402,50 @@ async def test_list_sees_only_this_instance(
         assert await other.inspect(theirs.sandbox_id) is not None
     (listed,) = await backend.list()
     assert listed.record_annotation == '{"n": 1}'
-    assert listed.created_at == mine.created_at
+    # The engine's list gives its creation time in whole seconds.
+    container = _container(docker_client, settings, mine.sandbox_id)
+    created = datetime.fromisoformat(container.attrs["Created"])
+    assert listed.created_at == created.replace(microsecond=0)
+
+
+@contextlib.contextmanager
+def _engine_requests(
+    backend: DockerEngineBackend, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[list[str]]:
+    """The requests the backend sends the engine meanwhile: ``"METHOD /path"``, the API
+    version and container ids left out."""
+    api = backend._client.api
+    sent: list[str] = []
+    real = api.request
+
+    def counting(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        path = re.sub(r"/[0-9a-f]{64}", "/<id>", url.split("/v1.41", 1)[-1].split("?")[0])
+        sent.append(f"{method} {path}")
+        return real(method, url, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(api, "request", counting)
+        yield sent
+
+
+async def test_a_create_is_two_engine_round_trips_and_a_listing_one(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once the image has been seen: create and start, nothing else (no image lookup, no
+    inspect); a listing is one request for all the running sandboxes, not one each."""
+    first = await backend.create(spec())
+    with _engine_requests(backend, monkeypatch) as sent:
+        second = await backend.create(spec())
+    assert sent == ["POST /containers/create", "POST /containers/<id>/start"]
+    assert (second.state, second.agent is not None) == (SandboxState.RUNNING, True)
+    with _engine_requests(backend, monkeypatch) as sent:
+        listed = await backend.list()
+    assert sent == ["GET /containers/json"]
+    assert sorted(s.sandbox_id for s in listed) == sorted([first.sandbox_id, second.sandbox_id])
+    assert {s.state for s in listed} == {SandboxState.RUNNING}
+    assert [s.agent for s in listed if s.sandbox_id == second.sandbox_id] == [second.agent]
 
 
 def _storage_can_limit_disk(client: docker.DockerClient) -> tuple[bool, str]:
@@ -461,12 +508,14 @@ async def test_a_killed_sandbox_is_reported_exited_with_its_code(
     container = _container(docker_client, settings, sandbox.sandbox_id)
     container.kill()
     container.wait(timeout=30)
-    exited = await backend.inspect(sandbox.sandbox_id)
-    assert exited is not None
-    assert (exited.state, exited.exit_code, exited.agent) == (SandboxState.EXITED, 137, None)
-    assert exited.reason == (
-        "exited with code 137: killed by SIGKILL (e.g. the out-of-memory killer)"
-    )
+    inspected = await backend.inspect(sandbox.sandbox_id)
+    (listed,) = await backend.list()  # a stopped container is inspected for its reason
+    for exited in (inspected, listed):
+        assert exited is not None
+        assert (exited.state, exited.exit_code, exited.agent) == (SandboxState.EXITED, 137, None)
+        assert exited.reason == (
+            "exited with code 137: killed by SIGKILL (e.g. the out-of-memory killer)"
+        )
 
 
 async def test_capacity_is_the_engine_machine(backend: DockerEngineBackend) -> None:
