@@ -39,6 +39,10 @@ from orchard_env.agent.daemon import proof
 from orchard_env.protocol import FileEntry
 
 RESUME_DELAYS = (0.05, 0.2, 0.5, 1.0)  # between re-attach attempts of a broken job stream
+# Between health polls of a starting agent: 10 ms, doubling up to this. A poll of an agent
+# not yet listening is a refused connect (microseconds); a longer gap is time a ready sandbox
+# waits to be seen (up to 250 ms each before, in a fork of 8 the slowest one's).
+READY_POLL_MAX = 0.05
 PTY_MAX_MESSAGE = 1024 * 1024  # the agent's frames carry at most 64 KiB of output
 PTY_MAX_QUEUE = 4  # frames read ahead of the relay
 _STREAMS: dict[str, Literal["stdout", "stderr"]] = {"o": "stdout", "e": "stderr"}
@@ -420,7 +424,7 @@ class AgentClient:
                         f"agent at {self._where} did not answer within {timeout:g} s: {exc.message}"
                     ) from None
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.25)
+            delay = min(delay * 2, READY_POLL_MAX)
 
     # exec
 
