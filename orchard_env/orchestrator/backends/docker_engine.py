@@ -212,6 +212,12 @@ def _explanation(exc: docker.errors.APIError) -> str:
     return str(exc.explanation or exc)
 
 
+def _removed(exc: docker.errors.APIError) -> bool:
+    # Docker answers 404; Podman 4 answers 404 too, or 500 "... no such container" when the
+    # container goes while the lookup runs (seen in a reconciliation during a mass delete).
+    return exc.status_code == 404 or "no such container" in _explanation(exc)
+
+
 def _image_path(image: dict[str, Any]) -> str:
     """The PATH an image (its attributes) sets; the usual default when it sets none."""
     for item in (image.get("Config") or {}).get("Env") or []:
@@ -720,8 +726,10 @@ class DockerEngineBackend:
             else:
                 try:
                     container.reload()
-                except docker.errors.NotFound:  # removed since it was listed
-                    continue
+                except docker.errors.APIError as exc:
+                    if _removed(exc):  # since it was listed
+                        continue
+                    raise
             if (described := self._found(container)) is not None:
                 found.append(described)
         return found

@@ -518,6 +518,29 @@ async def test_a_killed_sandbox_is_reported_exited_with_its_code(
         )
 
 
+async def test_a_stopped_sandbox_removed_while_it_is_listed_is_left_out(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    settings: ServiceSettings,
+    docker_client: docker.DockerClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stopped container is inspected after the listing (for its exit code); one removed in
+    between (a delete in flight) is gone, not an error that skips the reconciliation."""
+    stopped = await backend.create(spec())
+    running = await backend.create(spec())
+    _container(docker_client, settings, stopped.sandbox_id).kill()
+    _container(docker_client, settings, stopped.sandbox_id).wait(timeout=30)
+    real_reload = docker.models.containers.Container.reload
+
+    def removed_first(container: Any) -> None:
+        docker_client.api.remove_container(container.id, force=True)
+        real_reload(container)
+
+    monkeypatch.setattr(docker.models.containers.Container, "reload", removed_first)
+    assert [s.sandbox_id for s in await backend.list()] == [running.sandbox_id]
+
+
 async def test_capacity_is_the_engine_machine(backend: DockerEngineBackend) -> None:
     """What the engine reports as its machine (it may be remote): cores and memory."""
     info = await asyncio.to_thread(backend._client.info)
