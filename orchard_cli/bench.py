@@ -8,7 +8,6 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import urlsplit
 
 import typer
 
@@ -21,7 +20,6 @@ from orchard_env.bench import (
     bench_fork,
     bench_launch,
 )
-from orchard_env.bench_host import listener_pid
 from orchard_env.contexts import client_settings
 from orchard_env.sdk import AsyncSandboxClient
 from orchard_env.smoke import DEFAULT_IMAGE
@@ -70,7 +68,8 @@ def exec_(
     engine: Annotated[
         bool,
         typer.Option(
-            "--engine/--no-engine", help="Also time the engine's own exec_run (local only)."
+            "--engine/--no-engine",
+            help="Also time the engine's own exec_run (a service on this host's engine).",
         ),
     ] = True,
     docker_host: Annotated[str | None, typer.Option("--docker-host", help="Engine socket.")] = None,
@@ -79,20 +78,25 @@ def exec_(
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """Exec round trip of `true`, beside the engine's exec_run, plus the agent's memory."""
-    engine_url = None
-    if engine:
-        from orchard_env.orchestrator.backends.docker_engine import find_engine
+    """Exec round trip of `true`; for a service on this host's engine also the engine's
+    exec_run beside it, the agent's memory and the orchestrator's CPU per exec (elsewhere
+    they are reported as not measured, with the reason)."""
+    from orchard_env.errors import EngineNotFound
+    from orchard_env.orchestrator.backends.docker_engine import find_engine
 
-        engine_url = find_engine(docker_host)
+    try:
+        engine_url: str | None = find_engine(docker_host)
+    except EngineNotFound:
+        if docker_host:  # asked for by name
+            raise
+        engine_url = None  # the sandbox is then not in this host's engine: said so
     with connect(url, api_key, context) as client, err.status("exec benchmark") as status:
-        port = urlsplit(client.base_url).port
         result = bench_exec(
             client,
             image=image,
             n=n,
             engine_url=engine_url,
-            orchestrator_pid=listener_pid(port) if port else None,
+            engine_baseline=engine,
             progress=status.update,
         )
     _emit(result, json_)
