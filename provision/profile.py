@@ -222,6 +222,11 @@ class DeploymentProfile(_Section):
         description="the tools image (agent harnesses, 1.4 GB, Claude Code inside: your own "
         "registry only): up builds and pushes it, sandboxes get it",
     )
+    model_endpoints: str | None = Field(
+        default=None,
+        description="TOML file of the model endpoints sandbox gateways forward to (keys: "
+        'key_file = "/etc/orchard/model-keys/<key>", from your Secret orchard-model-keys)',
+    )
     snapshotter: NodeSnapshotter = Field(default_factory=NodeSnapshotter)
     snapshots: bool = Field(
         default=False,
