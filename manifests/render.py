@@ -113,6 +113,7 @@ class DeployValues:
     node_selector: Mapping[str, str] = field(default_factory=dict)  # the orchestrator's and Redis's
     tolerations: tuple[KubeObject, ...] = ()
     runtime_class: str | None = None
+    image_pull_policy: str = "IfNotPresent"  # of sandbox images
     limits: Limits = field(default_factory=Limits)
     agent_port: int = AGENT_PORT
     api_key: str | None = None
@@ -203,6 +204,7 @@ def values_from_profile(profile: DeploymentProfile, refs: Mapping[str, str]) -> 
         node_selector=dict(service.node_selector),
         tolerations=tuple(t.model_dump(exclude_none=True) for t in service.tolerations),
         runtime_class=profile.runtime_class,
+        image_pull_policy=profile.image_pull_policy,
         limits=profile.limits,
         snapshots=profile.snapshots,
         snapshot_repository=snapshot_repository,
@@ -306,6 +308,7 @@ def service_settings(values: DeployValues) -> dict[str, str]:
         "k8s_namespace": values.sandbox_namespace,
         "agent_image": values.agent_image,
         "agent_port": str(values.agent_port),
+        "image_pull_policy": values.image_pull_policy,
         **({"tools_image": values.tools_image} if values.tools_image else {}),
         "default_cpu": limits.default_cpu,
         "default_memory": limits.default_memory,

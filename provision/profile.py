@@ -212,6 +212,10 @@ class DeploymentProfile(_Section):
     system_pool: NodePool = Field(default_factory=NodePool)
     sandbox_pool: SandboxPool = Field(default_factory=SandboxPool)
     runtime_class: str | None = Field(default=None, description="e.g. gvisor or kata")
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
+        default="IfNotPresent",
+        description="of sandbox images; Always for tags you push again",
+    )
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     build: BuildSettings = Field(default_factory=BuildSettings)
     service: ServiceProfile = Field(default_factory=ServiceProfile)
