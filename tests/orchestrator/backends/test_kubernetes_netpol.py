@@ -27,7 +27,7 @@ from kubernetes import client as k8s
 
 from orchard_env.orchestrator.backends.base import BackendSandbox
 from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend
-from tests.kube_local import INTERNET_NETNS, unique_name
+from tests.kube_local import INTERNET, INTERNET_NETNS, unique_name
 from tests.orchestrator.backends.kube_node import (
     AGENT_PORT,
     HOST,
@@ -38,7 +38,6 @@ from tests.orchestrator.backends.kube_node import (
 )
 
 pytestmark = [pytest.mark.kube_real, pytest.mark.engine]
-INTERNET = "198.51.100.10"  # scripts/k8s/common.sh
 ORCHESTRATOR_LABELS = {"app.kubernetes.io/name": "orchard-orchestrator"}
 # Restricted Pod Security (the orchestrator's namespace enforces it).
 RESTRICTED = {
