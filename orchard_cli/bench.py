@@ -11,7 +11,17 @@ from typing import Annotated
 
 import typer
 
-from orchard_cli.console import ApiKeyOpt, ContextOpt, JsonOpt, UrlOpt, connect, err, out
+from orchard_cli.console import (
+    ApiKeyOpt,
+    ContextOpt,
+    CpuOpt,
+    JsonOpt,
+    MemoryOpt,
+    UrlOpt,
+    connect,
+    err,
+    out,
+)
 from orchard_cli.output import print_json
 from orchard_env.bench import (
     BenchResult,
@@ -119,16 +129,26 @@ def create(
             help="Alternate creates with every harness mounted and with none (tools: false).",
         ),
     ] = False,
+    cpu: CpuOpt = None,
+    memory: MemoryOpt = None,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
     """Create to first successful exec, image present (with --pool: cold and pooled; with
-    --tools: with and without the harness payload)."""
+    --tools: with and without the harness payload). Sandboxes of the service's default size
+    unless --cpu/--memory say."""
     with connect(url, api_key, context) as client, err.status("create benchmark") as status:
         result = bench_create(
-            client, image=image, n=n, pool=pool, tools=tools, progress=status.update
+            client,
+            image=image,
+            n=n,
+            pool=pool,
+            tools=tools,
+            cpu=cpu,
+            memory=memory,
+            progress=status.update,
         )
     _emit(result, json_)
 
@@ -148,13 +168,17 @@ def launch(
         ),
     ] = False,
     docker_host: Annotated[str | None, typer.Option("--docker-host", help="Engine socket.")] = None,
+    cpu: CpuOpt = None,
+    memory: MemoryOpt = None,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
     """n sandboxes at once, 4 commands each: total time, creates/s, commands/s, success rate,
-    and (a local service) the orchestrator's, the engine's and the host's memory."""
+    and (a service on this host's engine) the orchestrator's, the engine's and the host's
+    memory. Sandboxes of the service's default size unless --cpu/--memory say (on a
+    cluster n of them must fit its nodes)."""
     make_client = _async_clients(url, api_key, context)
     engine_url = None
     if engine:
@@ -163,7 +187,14 @@ def launch(
         engine_url = find_engine(docker_host)
     with err.status("launch benchmark") as status:
         result = bench_launch(
-            make_client, image=image, n=n, pool=pool, engine_url=engine_url, progress=status.update
+            make_client,
+            image=image,
+            n=n,
+            pool=pool,
+            engine_url=engine_url,
+            cpu=cpu,
+            memory=memory,
+            progress=status.update,
         )
     _emit(result, json_)
 

@@ -168,6 +168,8 @@ def bench_create(
     n: int = 10,
     pool: bool = False,
     tools: bool = False,
+    cpu: str | None = None,
+    memory: str | None = None,
     progress: Progress = lambda _m: None,
 ) -> BenchResult:
     """Create → first successful exec, one sandbox at a time, image present. With ``pool``
@@ -177,13 +179,15 @@ def bench_create(
     creates without any (``tools: false``): what the payload costs a create."""
     if pool and tools:
         raise OrchardError("measure the pool or the tools payload, not both in one run")
-    params = {"image": image, "n": n, "pool": pool, "tools": tools}
+    params = {"image": image, "n": n, "pool": pool, "tools": tools, "cpu": cpu, "memory": memory}
     result = BenchResult("create to first exec", params)
 
     def sample(sandbox_id: str | None, harnesses: bool | None = None) -> tuple[float, float, bool]:
         """(seconds to the create's answer, to the first exec's, served by the pool)"""
         started = time.perf_counter()
-        sandbox = client.create_sandbox(image, sandbox_id=sandbox_id, tools=harnesses)
+        sandbox = client.create_sandbox(
+            image, sandbox_id=sandbox_id, cpu=cpu, memory=memory, tools=harnesses
+        )
         answered = time.perf_counter() - started
         sandbox.exec(["true"], check=True, shell=False)
         elapsed = time.perf_counter() - started
@@ -212,7 +216,7 @@ def bench_create(
         result.stats["create + first exec"] = Stats.of(samples)
         return result
     name = f"bench-{secrets.token_hex(3)}"
-    client.create_pool(name, image, POOL_BENCH_SIZE)
+    client.create_pool(name, image, POOL_BENCH_SIZE, cpu=cpu, memory=memory)
     cold: list[float] = []
     warm: list[float] = []
     warm_create: list[float] = []
@@ -273,25 +277,42 @@ def bench_launch(
     n: int = 100,
     pool: bool = False,
     engine_url: str | None = None,
+    cpu: str | None = None,
+    memory: str | None = None,
     progress: Progress = lambda _m: None,
 ) -> BenchResult:
     """n sandboxes created concurrently, each running 4 commands; once all are done (all n
     alive at once) the host's memory is sampled, then they are deleted. ``pool``: from a warm
     pool of n filled first (admin key). ``engine_url`` (local engine): also time the engine
-    alone creating n plain containers, as a same-run baseline."""
+    alone creating n plain containers, as a same-run baseline. ``cpu``, ``memory``: each
+    sandbox's (default: the service's)."""
 
     async def run() -> BenchResult:
         async with make_client() as client:
             return await _launch(
-                client, image=image, n=n, pool=pool, engine_url=engine_url, progress=progress
+                client,
+                image=image,
+                n=n,
+                pool=pool,
+                engine_url=engine_url,
+                size=Size(cpu, memory),
+                progress=progress,
             )
 
     return asyncio.run(run())
 
 
-async def _fill_pool(client: AsyncSandboxClient, image: str, n: int, progress: Progress) -> str:
+@dataclass(frozen=True)
+class Size:
+    cpu: str | None
+    memory: str | None
+
+
+async def _fill_pool(
+    client: AsyncSandboxClient, image: str, n: int, size: Size, progress: Progress
+) -> str:
     name = f"bench-launch-{secrets.token_hex(3)}"
-    await client.create_pool(name, image, n)
+    await client.create_pool(name, image, n, cpu=size.cpu, memory=size.memory)
     while True:
         info = await client.get_pool(name)
         progress(f"pool {name}: {info.ready}/{n} ready")
@@ -310,6 +331,7 @@ async def _launch(
     n: int,
     pool: bool,
     engine_url: str | None,
+    size: Size,
     progress: Progress,
 ) -> BenchResult:
     result = BenchResult(
@@ -319,6 +341,8 @@ async def _launch(
             "sandboxes": n,
             "commands each": len(LAUNCH_COMMANDS),
             "from a warm pool": pool,
+            "cpu": size.cpu,
+            "memory": size.memory,
         },
     )
     backend = (await client.health()).backend
@@ -348,7 +372,7 @@ async def _launch(
     pool_name = None
     if pool:
         started = time.perf_counter()
-        pool_name = await _fill_pool(client, image, n, progress)
+        pool_name = await _fill_pool(client, image, n, size, progress)
         result.figures["pool fill seconds (before the timed launch)"] = round(
             time.perf_counter() - started, 1
         )
@@ -373,7 +397,9 @@ async def _launch(
         nonlocal last_ready
         t0 = time.perf_counter()
         try:
-            sandbox = await client.create_sandbox(image, labels={"bench": "launch"})
+            sandbox = await client.create_sandbox(
+                image, cpu=size.cpu, memory=size.memory, labels={"bench": "launch"}
+            )
         except Exception as exc:  # a failed create is a data point, not a crash
             failures.append(f"create {i}: {exc}")
             one_finished()

@@ -1,6 +1,6 @@
-"""A scripted fake model server (on loopback unless told otherwise): OpenAI Responses, OpenAI Chat Completions and
-Anthropic Messages, streamed (SSE) or not, for tests that run harnesses or the gateway and
-for ``orchard bench harness``.
+"""A scripted fake model server (on loopback unless told otherwise): OpenAI Responses, OpenAI
+Chat Completions and Anthropic Messages, streamed (SSE) or not, for tests that run harnesses
+or the gateway and for ``orchard bench harness``.
 
 Start it from a test with the ``fake_model`` fixture of ``tests/gateway/conftest.py``, with
 :func:`running` (on its own thread), or by hand:

@@ -35,7 +35,7 @@ def live(tmp_path: Path) -> Iterator[Live]:
 @pytest.mark.parametrize("pool", [False, True])
 def test_launch_reports_counts_rates_and_memory(live: Live, pool: bool) -> None:
     make_client = partial(AsyncSandboxClient, base_url=live.url, api_key=live.api_key)
-    result = bench_launch(make_client, image="debian:12", n=3, pool=pool)
+    result = bench_launch(make_client, image="debian:12", n=3, pool=pool, cpu="0.5", memory="256Mi")
     figures = result.figures
     assert result.params["failures"] == []
     assert (figures["sandboxes succeeded"], figures["commands succeeded"]) == (3, 12)
