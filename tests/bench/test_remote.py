@@ -5,7 +5,6 @@ memory per sandbox) are reported as not measured with the reason, never as the f
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Iterator
 from functools import partial
@@ -19,7 +18,7 @@ from orchard_env.errors import OrchardError
 from orchard_env.sdk import AsyncSandboxClient, SandboxClient
 from tests.orchestrator.conftest import make_settings
 from tests.orchestrator.fakes import AgentProcessBackend
-from tests.servers import Live, fake_backend, live_service
+from tests.servers import Live, fake_backend, live_service, printing_server
 
 _FORWARDER = """
 import asyncio, sys
@@ -60,12 +59,8 @@ def forwarded(live: Live) -> Iterator[str]:
     """The service's URL through a forwarder process of its own."""
     port = live.url.rsplit(":", 1)[1]
     command = [sys.executable, "-c", _FORWARDER, port]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as forwarder:
-        try:
-            assert forwarder.stdout is not None
-            yield f"http://127.0.0.1:{forwarder.stdout.readline().strip()}"
-        finally:
-            forwarder.kill()
+    with printing_server(command) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def test_a_forwarder_is_no_orchestrator(live: Live, forwarded: str) -> None:

@@ -43,6 +43,7 @@ from tests.manifests.test_cluster import (
     node_images,
 )
 from tests.orchestrator.backends.kube_node import tag_image
+from tests.servers import printing_server
 from tests.tools.test_tools_engine import VERSIONS_CMD, harness_versions
 
 pytestmark = [pytest.mark.kube_real, pytest.mark.engine]
@@ -91,12 +92,8 @@ def model(local_cluster: LocalCluster) -> Iterator[Model]:
         *("nsenter", f"--net=/run/netns/{INTERNET_NETNS}", "--", sys.executable),
         *("-m", "orchard_env.fake_model", "--host", INTERNET, "--key", key),
     ]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as server:
-        try:
-            assert server.stdout is not None
-            yield Model(server.stdout.readline().strip(), key)
-        finally:
-            server.kill()
+    with printing_server(command) as url:
+        yield Model(url, key)
 
 
 def _endpoints(model: Model) -> str:

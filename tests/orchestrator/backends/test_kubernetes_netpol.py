@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.server
-import subprocess
 import sys
 import threading
 import time
@@ -36,6 +35,7 @@ from tests.orchestrator.backends.kube_node import (
     make_spec,
     run,
 )
+from tests.servers import printing_server
 
 pytestmark = [pytest.mark.kube_real, pytest.mark.engine]
 ORCHESTRATOR_LABELS = {"app.kubernetes.io/name": "orchard-orchestrator"}
@@ -88,12 +88,8 @@ def internet_server() -> Iterator[str]:
     routed only from the cluster's)."""
     netns = f"--net=/run/netns/{INTERNET_NETNS}"
     command = ["nsenter", netns, "--", sys.executable, "-c", _ACCEPTOR, INTERNET]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as server:
-        try:
-            assert server.stdout is not None
-            yield f"{INTERNET} {server.stdout.readline().strip()}"
-        finally:
-            server.kill()
+    with printing_server(command) as port:
+        yield f"{INTERNET} {port}"
 
 
 def connect(target: str) -> str:
