@@ -20,6 +20,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from tests.kube_local import INTERNET, INTERNET_NETNS, LocalCluster, unique_name
 from tests.manifests.test_cluster import (
     CONTEXT,
     REGISTRY,
+    Deployment,
     NodeImages,
     local_deployment,
     node_images,
@@ -121,16 +123,6 @@ def test_harnesses_and_a_turn_through_the_gateway_on_a_cluster(
     namespace = unique_name("orchard")
     endpoints = tmp_path / "endpoints.toml"
     endpoints.write_text(_endpoints(model))
-    with local_cluster.admin() as api:  # the key, in the Secret the operator makes
-        core = k8s.CoreV1Api(api)
-        core.create_namespace({"metadata": {"name": namespace}})
-        core.create_namespaced_secret(
-            namespace,
-            {
-                "metadata": {"name": MODEL_KEYS_SECRET},
-                "stringData": {KEY: model.key},
-            },
-        )
     settings = {
         "tools": True,
         "registry": {"server": REGISTRY, "plain_http": True},
@@ -141,12 +133,35 @@ def test_harnesses_and_a_turn_through_the_gateway_on_a_cluster(
     ) as deployment:
         deployed = deployment.orchard("deploy", *deployment.args, *deployment.tag)
         assert deployed.returncode == 0, deployed.stderr
+        # The key, in the Secret the operator makes once the deploy made the namespace.
+        with local_cluster.admin() as api:
+            secret = {"metadata": {"name": MODEL_KEYS_SECRET}, "stringData": {KEY: model.key}}
+            k8s.CoreV1Api(api).create_namespaced_secret(namespace, secret)
+        _wait_for_the_key(deployment, namespace)
         monkeypatch.setenv("ORCHARD_CONFIG", deployment.env["ORCHARD_CONFIG"])  # the deploy's
         with deployment.reachable(deployed.stdout.strip().splitlines()[-1]) as url:
             key = client_settings(url, None, CONTEXT).api_key
             headers = {"X-API-Key": key or ""}
             with httpx.Client(base_url=url, headers=headers, timeout=900) as http:
                 _check(http, node_images.smoke, model)
+
+
+def _wait_for_the_key(deployment: Deployment, namespace: str) -> None:
+    """Until the kubelet has put the Secret, made after the pod started, into its optional
+    mount (at its next sync of the pod: a minute or so)."""
+    command = [
+        *("kubectl", "--kubeconfig", str(deployment.kubeconfig), "-n", namespace, "exec"),
+        *("deploy/orchard-orchestrator", "--", "test", "-s", f"{MODEL_KEYS_DIR}/{KEY}"),
+    ]
+    deadline = time.monotonic() + 300
+    while True:
+        found = subprocess.run(
+            command, env=deployment.env, capture_output=True, text=True, timeout=60, check=False
+        )
+        if found.returncode == 0:
+            return
+        assert time.monotonic() < deadline, f"the model key never appeared: {found.stderr}"
+        time.sleep(2)
 
 
 def _check(http: httpx.Client, image: str, model: Model) -> None:
