@@ -101,5 +101,14 @@ SNAPSHOTTER_PORT = int(
     next(s.default for s in SERVICE_SETTINGS if s.key == "snapshotter_port") or 0
 )
 
+MODEL_ENDPOINTS = "orchard-model-endpoints"
+"""With the profile's ``model_endpoints``: the ConfigMap holding that file, mounted in the
+orchestrator at :data:`MODEL_ENDPOINTS_DIR` (its ``model_endpoints_file``)."""
+MODEL_ENDPOINTS_DIR = "/etc/orchard/model-endpoints"
+MODEL_KEYS_SECRET = "orchard-model-keys"  # noqa: S105 - a name
+"""Optional, made by the operator: the model endpoints' keys, one per Secret key, mounted at
+:data:`MODEL_KEYS_DIR` (an endpoint's ``key_file = "/etc/orchard/model-keys/<key>"``)."""
+MODEL_KEYS_DIR = "/etc/orchard/model-keys"
+
 SUPPORTED_KUBERNETES_VERSIONS = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34", "1.35")
 """The Kubernetes minor versions every rendered object is validated against (tests)."""

@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -25,6 +26,10 @@ from manifests import (
     COMMON_LABELS,
     INSTANCE_LABEL,
     MASKED,
+    MODEL_ENDPOINTS,
+    MODEL_ENDPOINTS_DIR,
+    MODEL_KEYS_DIR,
+    MODEL_KEYS_SECRET,
     ORCHESTRATOR,
     REDIS,
     REDIS_SECRET,
@@ -39,6 +44,7 @@ from manifests import (
 )
 from orchard_env.config import SERVICE_SETTINGS
 from orchard_env.errors import ConfigError
+from orchard_env.orchestrator.gateway.endpoints import load_endpoints
 from provision.profile import DeploymentProfile, Limits
 
 Overlay = Literal["aks", "generic"]
@@ -83,6 +89,7 @@ KIND_ORDER = (
     "PodDisruptionBudget",
 )
 CLUSTER_KINDS = frozenset({"Namespace", "ClusterRole", "ClusterRoleBinding"})
+MODEL_ENDPOINTS_FILE = "endpoints.toml"  # its key in the ConfigMap
 NODES_ROLE = "orchard-nodes"  # + "-<service namespace>": cluster-scoped names are cluster-wide
 _RESERVED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
 
@@ -106,6 +113,7 @@ class DeployValues:
     node_selector: Mapping[str, str] = field(default_factory=dict)  # the orchestrator's and Redis's
     tolerations: tuple[KubeObject, ...] = ()
     runtime_class: str | None = None
+    image_pull_policy: str = "IfNotPresent"  # of sandbox images
     limits: Limits = field(default_factory=Limits)
     agent_port: int = AGENT_PORT
     api_key: str | None = None
@@ -117,6 +125,7 @@ class DeployValues:
     registry_plain_http: bool = False  # the snapshots' registry has no TLS
     containerd_root: str = "/var/lib/containerd"  # on the sandbox nodes
     snapshotter_tolerations: tuple[KubeObject, ...] = ()
+    model_endpoints: str | None = None  # the endpoints file's TOML
 
 
 def _has_redis_store() -> bool:
@@ -172,6 +181,11 @@ def values_from_profile(profile: DeploymentProfile, refs: Mapping[str, str]) -> 
                 "snapshots go to <server>/<repository>/snapshots)",
             )
         snapshot_repository = f"{profile.registry.server}/{profile.registry.repository}/snapshots"
+    model_endpoints = (
+        _model_endpoints(Path(profile.model_endpoints).expanduser())
+        if profile.model_endpoints
+        else None
+    )
     missing = [key for key in ("orchestrator", "agent-injector") if not refs.get(key)]
     if missing:
         raise ConfigError(f"no image reference for {', '.join(missing)}")
@@ -190,6 +204,7 @@ def values_from_profile(profile: DeploymentProfile, refs: Mapping[str, str]) -> 
         node_selector=dict(service.node_selector),
         tolerations=tuple(t.model_dump(exclude_none=True) for t in service.tolerations),
         runtime_class=profile.runtime_class,
+        image_pull_policy=profile.image_pull_policy,
         limits=profile.limits,
         snapshots=profile.snapshots,
         snapshot_repository=snapshot_repository,
@@ -199,7 +214,34 @@ def values_from_profile(profile: DeploymentProfile, refs: Mapping[str, str]) -> 
         snapshotter_tolerations=tuple(
             t.model_dump(exclude_none=True) for t in profile.snapshotter.tolerations
         ),
+        model_endpoints=model_endpoints,
     )
+
+
+def _model_endpoints(path: Path) -> str:
+    """The profile's endpoints file, checked as the orchestrator will read it; its keys can
+    only be files of the Secret mounted at MODEL_KEYS_DIR (a deployed orchestrator's
+    environment holds no keys)."""
+    try:
+        endpoints = load_endpoints(path)
+    except ConfigError as exc:
+        # "model_endpoints_file <path>: ..." names the orchestrator's setting; here the key's.
+        raise ConfigError("model_endpoints " + exc.message.split(" ", 1)[1]) from exc
+    for endpoint in endpoints.endpoints.values():
+        where = f"model_endpoints {path}: endpoints.{endpoint.name}"
+        if endpoint.key_env:
+            raise ConfigError(
+                f"{where}.key_env: a deployed orchestrator has no such environment variable",
+                hint=f'use key_file = "{MODEL_KEYS_DIR}/<key>", with the key in the Secret '
+                f"{MODEL_KEYS_SECRET} of the service namespace",
+            )
+        if endpoint.key_file is not None and endpoint.key_file.parent != Path(MODEL_KEYS_DIR):
+            raise ConfigError(
+                f"{where}.key_file: {endpoint.key_file} is not in {MODEL_KEYS_DIR}, where the "
+                f"Secret {MODEL_KEYS_SECRET} is mounted",
+                hint=f'use key_file = "{MODEL_KEYS_DIR}/<key of the Secret>"',
+            )
+    return path.read_text()
 
 
 # --- package data ---------------------------------------------------------------------------
@@ -266,6 +308,7 @@ def service_settings(values: DeployValues) -> dict[str, str]:
         "k8s_namespace": values.sandbox_namespace,
         "agent_image": values.agent_image,
         "agent_port": str(values.agent_port),
+        "image_pull_policy": values.image_pull_policy,
         **({"tools_image": values.tools_image} if values.tools_image else {}),
         "default_cpu": limits.default_cpu,
         "default_memory": limits.default_memory,
@@ -278,6 +321,8 @@ def service_settings(values: DeployValues) -> dict[str, str]:
     }
     if values.runtime_class:
         settings["runtime_class"] = values.runtime_class
+    if values.model_endpoints is not None:
+        settings["model_endpoints_file"] = f"{MODEL_ENDPOINTS_DIR}/{MODEL_ENDPOINTS_FILE}"
     if values.snapshots and values.snapshot_repository:
         settings.update(
             registry=values.snapshot_repository,
@@ -298,6 +343,8 @@ def _objects(values: DeployValues) -> list[tuple[str, KubeObject]]:
         found += [("service", obj) for obj in _load("base", "service", "state.yaml")]
     if values.load_balancer:
         found += [("service", obj) for obj in _load("base", "service", "loadbalancer.yaml")]
+    if values.model_endpoints is not None:
+        found += [("service", obj) for obj in _load("base", "service", "model-endpoints.yaml")]
     if values.redis:
         found += [("service", obj) for obj in _load("base", "service", "redis.yaml")]
     for name in _SANDBOX_FILES:
@@ -335,8 +382,13 @@ def _configure_orchestrator(objects: list[KubeObject], values: DeployValues) -> 
     container = pod["spec"]["containers"][0]
     container["image"] = values.orchestrator_image
     container["imagePullPolicy"] = _pull_policy(values.orchestrator_image)
-    # A changed setting rolls the pods (a ConfigMap change alone would not).
-    checksum = hashlib.sha256(json.dumps(config["data"], sort_keys=True).encode()).hexdigest()
+    # A changed setting rolls the pods (a ConfigMap change alone would not), as does a
+    # changed endpoints file (read once, at start).
+    configured = dict(config["data"])
+    if values.model_endpoints is not None:
+        configured[MODEL_ENDPOINTS] = values.model_endpoints
+        _configure_model_endpoints(objects, values.model_endpoints)
+    checksum = hashlib.sha256(json.dumps(configured, sort_keys=True).encode()).hexdigest()
     pod.setdefault("metadata", {}).setdefault("annotations", {})["orchard.config/sha256"] = checksum
     if values.redis:
         # State in Redis: replicas roll one by one, and the state directory is scratch space.
@@ -365,6 +417,20 @@ def _configure_orchestrator(objects: list[KubeObject], values: DeployValues) -> 
                 ]
             }
         }
+
+
+def _configure_model_endpoints(objects: list[KubeObject], endpoints: str) -> None:
+    """The endpoints file in its ConfigMap, mounted with the optional keys Secret."""
+    _get(objects, "ConfigMap", MODEL_ENDPOINTS)["data"] = {MODEL_ENDPOINTS_FILE: endpoints}
+    pod = _get(objects, "Deployment", ORCHESTRATOR)["spec"]["template"]["spec"]
+    pod["volumes"] += [
+        {"name": "model-endpoints", "configMap": {"name": MODEL_ENDPOINTS}},
+        _secret_volume("model-keys", MODEL_KEYS_SECRET, optional=True),
+    ]
+    pod["containers"][0]["volumeMounts"] += [
+        {"name": "model-endpoints", "mountPath": MODEL_ENDPOINTS_DIR, "readOnly": True},
+        {"name": "model-keys", "mountPath": MODEL_KEYS_DIR, "readOnly": True},
+    ]
 
 
 def _configure(objects: list[KubeObject], values: DeployValues) -> None:

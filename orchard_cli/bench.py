@@ -8,11 +8,20 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import urlsplit
 
 import typer
 
-from orchard_cli.console import ApiKeyOpt, ContextOpt, JsonOpt, UrlOpt, connect, err, out
+from orchard_cli.console import (
+    ApiKeyOpt,
+    ContextOpt,
+    CpuOpt,
+    JsonOpt,
+    MemoryOpt,
+    UrlOpt,
+    connect,
+    err,
+    out,
+)
 from orchard_cli.output import print_json
 from orchard_env.bench import (
     BenchResult,
@@ -21,7 +30,6 @@ from orchard_env.bench import (
     bench_fork,
     bench_launch,
 )
-from orchard_env.bench_host import listener_pid
 from orchard_env.contexts import client_settings
 from orchard_env.sdk import AsyncSandboxClient
 from orchard_env.smoke import DEFAULT_IMAGE
@@ -70,7 +78,8 @@ def exec_(
     engine: Annotated[
         bool,
         typer.Option(
-            "--engine/--no-engine", help="Also time the engine's own exec_run (local only)."
+            "--engine/--no-engine",
+            help="Also time the engine's own exec_run (a service on this host's engine).",
         ),
     ] = True,
     docker_host: Annotated[str | None, typer.Option("--docker-host", help="Engine socket.")] = None,
@@ -79,20 +88,25 @@ def exec_(
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """Exec round trip of `true`, beside the engine's exec_run, plus the agent's memory."""
-    engine_url = None
-    if engine:
-        from orchard_env.orchestrator.backends.docker_engine import find_engine
+    """Exec round trip of `true`; for a service on this host's engine also the engine's
+    exec_run beside it, the agent's memory and the orchestrator's CPU per exec (elsewhere
+    they are reported as not measured, with the reason)."""
+    from orchard_env.errors import EngineNotFound
+    from orchard_env.orchestrator.backends.docker_engine import find_engine
 
-        engine_url = find_engine(docker_host)
+    try:
+        engine_url: str | None = find_engine(docker_host)
+    except EngineNotFound:
+        if docker_host:  # asked for by name
+            raise
+        engine_url = None  # the sandbox is then not in this host's engine: said so
     with connect(url, api_key, context) as client, err.status("exec benchmark") as status:
-        port = urlsplit(client.base_url).port
         result = bench_exec(
             client,
             image=image,
             n=n,
             engine_url=engine_url,
-            orchestrator_pid=listener_pid(port) if port else None,
+            engine_baseline=engine,
             progress=status.update,
         )
     _emit(result, json_)
@@ -115,16 +129,26 @@ def create(
             help="Alternate creates with every harness mounted and with none (tools: false).",
         ),
     ] = False,
+    cpu: CpuOpt = None,
+    memory: MemoryOpt = None,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
     """Create to first successful exec, image present (with --pool: cold and pooled; with
-    --tools: with and without the harness payload)."""
+    --tools: with and without the harness payload). Sandboxes of the service's default size
+    unless --cpu/--memory say."""
     with connect(url, api_key, context) as client, err.status("create benchmark") as status:
         result = bench_create(
-            client, image=image, n=n, pool=pool, tools=tools, progress=status.update
+            client,
+            image=image,
+            n=n,
+            pool=pool,
+            tools=tools,
+            cpu=cpu,
+            memory=memory,
+            progress=status.update,
         )
     _emit(result, json_)
 
@@ -144,13 +168,17 @@ def launch(
         ),
     ] = False,
     docker_host: Annotated[str | None, typer.Option("--docker-host", help="Engine socket.")] = None,
+    cpu: CpuOpt = None,
+    memory: MemoryOpt = None,
     json_: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     context: ContextOpt = None,
 ) -> None:
     """n sandboxes at once, 4 commands each: total time, creates/s, commands/s, success rate,
-    and (a local service) the orchestrator's, the engine's and the host's memory."""
+    and (a service on this host's engine) the orchestrator's, the engine's and the host's
+    memory. Sandboxes of the service's default size unless --cpu/--memory say (on a
+    cluster n of them must fit its nodes)."""
     make_client = _async_clients(url, api_key, context)
     engine_url = None
     if engine:
@@ -159,7 +187,14 @@ def launch(
         engine_url = find_engine(docker_host)
     with err.status("launch benchmark") as status:
         result = bench_launch(
-            make_client, image=image, n=n, pool=pool, engine_url=engine_url, progress=status.update
+            make_client,
+            image=image,
+            n=n,
+            pool=pool,
+            engine_url=engine_url,
+            cpu=cpu,
+            memory=memory,
+            progress=status.update,
         )
     _emit(result, json_)
 

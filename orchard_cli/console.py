@@ -58,6 +58,8 @@ OutputOpt = Annotated[
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only ids, one per line.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+CpuOpt = Annotated[str | None, typer.Option("--cpu", help="CPU cores, e.g. 2 or 500m.")]
+MemoryOpt = Annotated[str | None, typer.Option("--memory", help="Memory, e.g. 2Gi.")]
 
 
 def confirm(question: str, *, yes: bool) -> None:

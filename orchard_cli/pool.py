@@ -9,7 +9,9 @@ import typer
 from orchard_cli.console import (
     ApiKeyOpt,
     ContextOpt,
+    CpuOpt,
     JsonOpt,
+    MemoryOpt,
     OutputOpt,
     QuietOpt,
     UrlOpt,
@@ -52,8 +54,8 @@ def create(
     name: NameArg,
     size: SizeArg,
     image: Annotated[str, typer.Option("--image", "-i", help="Container image.")] = DEFAULT_IMAGE,
-    cpu: Annotated[str | None, typer.Option("--cpu", help="CPU cores, e.g. 2 or 500m.")] = None,
-    memory: Annotated[str | None, typer.Option("--memory", help="Memory, e.g. 2Gi.")] = None,
+    cpu: CpuOpt = None,
+    memory: MemoryOpt = None,
     network: Annotated[
         bool, typer.Option("--network/--no-network", help="Allow outbound network.")
     ] = False,

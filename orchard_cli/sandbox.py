@@ -16,7 +16,9 @@ from orchard_cli.console import (
     CLI_ERROR,
     ApiKeyOpt,
     ContextOpt,
+    CpuOpt,
     JsonOpt,
+    MemoryOpt,
     OutputOpt,
     QuietOpt,
     UrlOpt,
@@ -80,8 +82,8 @@ def _tools_choice(text: str | None) -> bool | list[str] | None:
 def create(
     image: Annotated[str, typer.Option("--image", "-i", help="Container image.")] = DEFAULT_IMAGE,
     sandbox_id: Annotated[str | None, typer.Option("--id", help="Sandbox id (DNS label).")] = None,
-    cpu: Annotated[str | None, typer.Option("--cpu", help="CPU cores, e.g. 2 or 500m.")] = None,
-    memory: Annotated[str | None, typer.Option("--memory", help="Memory, e.g. 2Gi.")] = None,
+    cpu: CpuOpt = None,
+    memory: MemoryOpt = None,
     network: Annotated[
         bool, typer.Option("--network/--no-network", help="Allow outbound network.")
     ] = False,

@@ -13,25 +13,15 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from orchard_env import bench_host
-from orchard_env.bench_host import cpu_seconds, stat_fields
+from orchard_env.bench_host import cpu_seconds
 from orchard_env.errors import OrchardError
 from orchard_env.protocol import SandboxStatus
 from orchard_env.sdk import AsyncSandbox, AsyncSandboxClient, SandboxClient
 
 Progress = Callable[[str], None]
-
-# Finds the agent's processes without matching the shell that searches for them.
-_AGENT_PSS = (
-    "for p in /proc/[0-9]*; do "
-    "if tr '\\0' ' ' <$p/cmdline 2>/dev/null | grep -q '/agen[t] --listen'; then "
-    "echo ${p#/proc/} $(grep '^Pss:' $p/smaps_rollup | tr -s ' ' | cut -d' ' -f2) "
-    "$(grep '^VmRSS:' $p/status | tr -s ' ' | cut -d' ' -f2) "
-    "$(awk '/^Private_(Clean|Dirty):/ {s += $2} END {print s}' $p/smaps_rollup); fi; done"
-)
 
 
 @dataclass(frozen=True)
@@ -78,6 +68,8 @@ class BenchResult:
     params: dict[str, Any]
     stats: dict[str, Stats] = field(default_factory=dict)
     figures: dict[str, float] = field(default_factory=dict)
+    # What was not measured in this run, and why (e.g. host figures of a remote service).
+    not_measured: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,6 +77,7 @@ class BenchResult:
             "params": self.params,
             "stats_ms": {k: {"n": v.n, **v.ms()} for k, v in self.stats.items()},
             "figures": self.figures,
+            "not_measured": self.not_measured,
         }
 
     def markdown(self) -> str:
@@ -103,6 +96,8 @@ class BenchResult:
             lines.append("")
         for key, value in self.figures.items():
             lines.append(f"- {key}: {value:g}")
+        for key, why in self.not_measured.items():
+            lines.append(f"- {key}: not measured ({why})")
         return "\n".join(lines) + "\n"
 
 
@@ -118,24 +113,31 @@ def bench_exec(
     image: str,
     n: int = 200,
     engine_url: str | None = None,
-    orchestrator_pid: int | None = None,
+    engine_baseline: bool = True,
     progress: Progress = lambda _m: None,
 ) -> BenchResult:
-    """`true` through SDK → orchestrator → agent, beside the engine's own exec_run; with
-    ``orchestrator_pid`` (a service on this host) also its CPU time per exec, which load on
-    a shared machine disturbs far less than latency."""
+    """`true` through SDK → orchestrator → agent. For a service on this host also its CPU
+    time per exec (which load on a shared machine disturbs far less than latency); for a
+    sandbox in this host's engine (``engine_url``) the engine's own exec_run beside it (with
+    ``engine_baseline``) and the agent's memory, read from this host's /proc (the agent is
+    non-dumpable: nothing in the sandbox can read it). Elsewhere (a remote service, a
+    cluster) those are reported as not measured, with the reason."""
     result = BenchResult("exec round trip", {"image": image, "n": n, "command": "['true']"})
+    service = bench_host.find_service(client.base_url)
     progress("creating a sandbox")
     with client.create_sandbox(image) as sandbox:
+        container = bench_host.engine_container(
+            engine_url, sandbox.sandbox_id, sandbox.info.backend
+        )
         for _ in range(10):
             sandbox.exec(["true"], check=True, shell=False)
-        on_host = (
-            host_sandbox_processes(engine_url, sandbox.sandbox_id) if engine_url is not None else {}
+        processes = (
+            {} if isinstance(container, str) else bench_host.sandbox_processes(container.pid)
         )
-        agents = on_host.get("agent", [])
+        agents = processes.get("agent", [])
         progress(f"timing {n} execs through Orchard")
         client_cpu = time.process_time()
-        service_cpu = cpu_seconds(orchestrator_pid) if orchestrator_pid else 0.0
+        service_cpu = cpu_seconds(service) if isinstance(service, int) else 0.0
         agent_cpu = sum(map(cpu_seconds, agents))
         samples = [
             _timed(lambda: sandbox.exec(["true"], check=True, shell=False)) for _ in range(n)
@@ -144,128 +146,31 @@ def bench_exec(
         result.figures["client CPU ms per exec"] = round(
             (time.process_time() - client_cpu) * 1000 / n, 2
         )
-        if orchestrator_pid:
+        if isinstance(service, int):
             result.figures["orchestrator CPU ms per exec"] = round(
-                (cpu_seconds(orchestrator_pid) - service_cpu) * 1000 / n, 2
+                (cpu_seconds(service) - service_cpu) * 1000 / n, 2
             )
-        if agents:
-            result.figures["agent CPU ms per exec (the commands' own not counted)"] = round(
-                (sum(map(cpu_seconds, agents)) - agent_cpu) * 1000 / n, 2
-            )
-        if engine_url is not None:
+        else:
+            result.not_measured["orchestrator CPU per exec"] = service
+        if isinstance(container, str):
+            result.not_measured["engine exec_run, the agent's CPU and memory"] = container
+            return result
+        result.figures["agent CPU ms per exec (the commands' own not counted)"] = round(
+            (sum(map(cpu_seconds, agents)) - agent_cpu) * 1000 / n, 2
+        )
+        if engine_baseline and engine_url is not None:
             progress(f"timing {n} execs through the engine's exec_run")
-            engine = _engine_samples(engine_url, sandbox.sandbox_id, n)
+            engine = bench_host.exec_run_samples(engine_url, container.id, n)
             result.stats["engine exec_run"] = Stats.of(engine)
             result.figures["ratio p50 (orchard / engine)"] = round(
                 result.stats["orchard exec"].p50 / result.stats["engine exec_run"].p50, 4
             )
-        # The agent is non-dumpable, so its memory is unreadable from inside the sandbox:
-        # read it from this host when the engine is local, else from inside (init only).
-        listing = (
-            memory_listing(agents)
-            if agents
-            else sandbox.exec(["/bin/sh", "-c", _AGENT_PSS], shell=False).stdout
+        result.figures.update(bench_host.agent_memory(bench_host.memory_listing(agents)))
+        whole = bench_host.memory_listing([pid for pids in processes.values() for pid in pids])
+        result.figures["the sandbox's processes on the host, PSS MB (monitor, init, agent)"] = (
+            round(sum(float(line.split()[1]) for line in whole.splitlines()) / 1024, 1)
         )
-        result.figures.update(_agent_memory(listing))
-        if on_host:
-            whole = memory_listing([pid for pids in on_host.values() for pid in pids])
-            result.figures["the sandbox's processes on the host, PSS MB (monitor, init, agent)"] = (
-                round(sum(float(line.split()[1]) for line in whole.splitlines()) / 1024, 1)
-            )
     return result
-
-
-def _engine_samples(engine_url: str, sandbox_id: str, n: int) -> list[float]:
-    import docker
-
-    engine = docker.DockerClient(base_url=engine_url)
-    try:
-        (container,) = engine.containers.list(filters={"label": f"orchard.sandbox-id={sandbox_id}"})
-        for _ in range(3):
-            container.exec_run(["true"])
-        return [_timed(lambda: container.exec_run(["true"])) for _ in range(n)]
-    finally:
-        engine.close()
-
-
-def host_sandbox_processes(engine_url: str, sandbox_id: str) -> dict[str, list[int]]:
-    """The sandbox's processes on this host by role, from /proc: ``monitor`` (the engine's
-    per-container process, e.g. conmon: the parent of the container's first process),
-    ``init`` (that first process), ``agent`` (whose command line runs the agent) and
-    ``other`` (the rest of the container's tree)."""
-    import docker
-
-    engine = docker.DockerClient(base_url=engine_url)
-    try:
-        (container,) = engine.containers.list(filters={"label": f"orchard.sandbox-id={sandbox_id}"})
-        init = int(container.attrs["State"]["Pid"])
-    finally:
-        engine.close()
-    parents = {}
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit():
-                parents[int(proc.name)] = int(stat_fields(int(proc.name))[1])
-        except OSError:
-            continue
-    tree = {init}
-    grown = True
-    while grown:
-        before = len(tree)
-        tree |= {pid for pid, parent in parents.items() if parent in tree}
-        grown = len(tree) > before
-    roles: dict[str, list[int]] = {"monitor": [], "init": [init], "agent": [], "other": []}
-    if parents.get(init, 1) > 1:
-        roles["monitor"].append(parents[init])
-    for pid in sorted(tree - {init}):
-        try:
-            agent = b"/agent\0--listen" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        roles["agent" if agent else "other"].append(pid)
-    return roles
-
-
-def memory_listing(pids: Sequence[int]) -> str:
-    """``pid pss_kb rss_kb uss_kb`` per process still running, read from this host's /proc."""
-    lines = []
-    for pid in pids:
-        try:
-            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-            pss = _kb(rollup, "Pss:")
-            uss = _kb(rollup, "Private_Clean:") + _kb(rollup, "Private_Dirty:")
-            rss = _kb(Path(f"/proc/{pid}/status").read_text(), "VmRSS:")
-        except OSError:
-            continue
-        lines.append(f"{pid} {pss} {rss} {uss}")
-    return "\n".join(lines)
-
-
-def _kb(text: str, field: str) -> int:
-    return next(int(line.split()[1]) for line in text.splitlines() if line.startswith(field))
-
-
-def _agent_memory(listing: str) -> dict[str, float]:
-    """Sum the agent processes' PSS (their share of memory, the libraries they share with
-    other sandboxes' agents split between them), RSS, and USS (their private memory: what
-    one more sandbox adds), in MB."""
-    pss = rss = uss = 0.0
-    count = 0
-    for line in listing.splitlines():
-        parts = line.split()
-        if len(parts) == 4:
-            count += 1
-            pss += float(parts[1]) / 1024
-            rss += float(parts[2]) / 1024
-            uss += float(parts[3]) / 1024
-    if not count:
-        raise RuntimeError(f"no agent process found in the sandbox's /proc: {listing!r}")
-    return {
-        "agent processes": count,
-        "agent PSS MB": round(pss, 1),
-        "agent RSS MB (sum)": round(rss, 1),
-        "agent USS MB (private)": round(uss, 1),
-    }
 
 
 def bench_create(
@@ -275,6 +180,8 @@ def bench_create(
     n: int = 10,
     pool: bool = False,
     tools: bool = False,
+    cpu: str | None = None,
+    memory: str | None = None,
     progress: Progress = lambda _m: None,
 ) -> BenchResult:
     """Create → first successful exec, one sandbox at a time, image present. With ``pool``
@@ -284,13 +191,15 @@ def bench_create(
     creates without any (``tools: false``): what the payload costs a create."""
     if pool and tools:
         raise OrchardError("measure the pool or the tools payload, not both in one run")
-    params = {"image": image, "n": n, "pool": pool, "tools": tools}
+    params = {"image": image, "n": n, "pool": pool, "tools": tools, "cpu": cpu, "memory": memory}
     result = BenchResult("create to first exec", params)
 
     def sample(sandbox_id: str | None, harnesses: bool | None = None) -> tuple[float, float, bool]:
         """(seconds to the create's answer, to the first exec's, served by the pool)"""
         started = time.perf_counter()
-        sandbox = client.create_sandbox(image, sandbox_id=sandbox_id, tools=harnesses)
+        sandbox = client.create_sandbox(
+            image, sandbox_id=sandbox_id, cpu=cpu, memory=memory, tools=harnesses
+        )
         answered = time.perf_counter() - started
         sandbox.exec(["true"], check=True, shell=False)
         elapsed = time.perf_counter() - started
@@ -319,7 +228,7 @@ def bench_create(
         result.stats["create + first exec"] = Stats.of(samples)
         return result
     name = f"bench-{secrets.token_hex(3)}"
-    client.create_pool(name, image, POOL_BENCH_SIZE)
+    client.create_pool(name, image, POOL_BENCH_SIZE, cpu=cpu, memory=memory)
     cold: list[float] = []
     warm: list[float] = []
     warm_create: list[float] = []
@@ -380,25 +289,42 @@ def bench_launch(
     n: int = 100,
     pool: bool = False,
     engine_url: str | None = None,
+    cpu: str | None = None,
+    memory: str | None = None,
     progress: Progress = lambda _m: None,
 ) -> BenchResult:
     """n sandboxes created concurrently, each running 4 commands; once all are done (all n
     alive at once) the host's memory is sampled, then they are deleted. ``pool``: from a warm
     pool of n filled first (admin key). ``engine_url`` (local engine): also time the engine
-    alone creating n plain containers, as a same-run baseline."""
+    alone creating n plain containers, as a same-run baseline. ``cpu``, ``memory``: each
+    sandbox's (default: the service's)."""
 
     async def run() -> BenchResult:
         async with make_client() as client:
             return await _launch(
-                client, image=image, n=n, pool=pool, engine_url=engine_url, progress=progress
+                client,
+                image=image,
+                n=n,
+                pool=pool,
+                engine_url=engine_url,
+                size=Size(cpu, memory),
+                progress=progress,
             )
 
     return asyncio.run(run())
 
 
-async def _fill_pool(client: AsyncSandboxClient, image: str, n: int, progress: Progress) -> str:
+@dataclass(frozen=True)
+class Size:
+    cpu: str | None
+    memory: str | None
+
+
+async def _fill_pool(
+    client: AsyncSandboxClient, image: str, n: int, size: Size, progress: Progress
+) -> str:
     name = f"bench-launch-{secrets.token_hex(3)}"
-    await client.create_pool(name, image, n)
+    await client.create_pool(name, image, n, cpu=size.cpu, memory=size.memory)
     while True:
         info = await client.get_pool(name)
         progress(f"pool {name}: {info.ready}/{n} ready")
@@ -417,6 +343,7 @@ async def _launch(
     n: int,
     pool: bool,
     engine_url: str | None,
+    size: Size,
     progress: Progress,
 ) -> BenchResult:
     result = BenchResult(
@@ -426,9 +353,27 @@ async def _launch(
             "sandboxes": n,
             "commands each": len(LAUNCH_COMMANDS),
             "from a warm pool": pool,
+            "cpu": size.cpu,
+            "memory": size.memory,
         },
     )
-    orchestrator = bench_host.service_pid(client.base_url)
+    backend = (await client.health()).backend
+    if engine_url is not None and backend != "docker":
+        raise OrchardError(
+            f"the engine-alone baseline times this host's container engine; the service's "
+            f"backend is {backend}",
+            hint="rerun without --engine",
+        )
+    service = bench_host.find_service(client.base_url)
+    orchestrator = service if isinstance(service, int) else None
+    if orchestrator is None:
+        result.not_measured["the orchestrator's memory and CPU"] = str(service)
+    on_host = orchestrator is not None and backend == "docker"
+    if not on_host:  # this host's MemAvailable would move with anything but the sandboxes
+        where = f"its backend is {backend}" if backend != "docker" else "it is not on this host"
+        result.not_measured["host memory per sandbox"] = (
+            f"the service's sandboxes are not in this host's container engine: {where}"
+        )
     engine = bench_host.engine_pid(engine_url) if engine_url else None
     if engine_url is not None:
         progress(f"the engine alone: {n} plain containers")
@@ -439,7 +384,7 @@ async def _launch(
     pool_name = None
     if pool:
         started = time.perf_counter()
-        pool_name = await _fill_pool(client, image, n, progress)
+        pool_name = await _fill_pool(client, image, n, size, progress)
         result.figures["pool fill seconds (before the timed launch)"] = round(
             time.perf_counter() - started, 1
         )
@@ -464,7 +409,9 @@ async def _launch(
         nonlocal last_ready
         t0 = time.perf_counter()
         try:
-            sandbox = await client.create_sandbox(image, labels={"bench": "launch"})
+            sandbox = await client.create_sandbox(
+                image, cpu=size.cpu, memory=size.memory, labels={"bench": "launch"}
+            )
         except Exception as exc:  # a failed create is a data point, not a crash
             failures.append(f"create {i}: {exc}")
             one_finished()
@@ -518,7 +465,7 @@ async def _launch(
             "benchmark client CPU seconds (this process, same machine)": round(client_cpu, 2),
         }
     )
-    result.figures.update(_memory_figures(before, peak, len(creates)))
+    result.figures.update(_memory_figures(before, peak, len(creates) if on_host else 0))
     for what, then, now in (
         ("orchestrator", launched.orchestrator_cpu, peak.orchestrator_cpu),
         ("engine service", launched.engine_cpu, peak.engine_cpu),
@@ -532,7 +479,8 @@ async def _launch(
 def _memory_figures(
     before: bench_host.HostSample, peak: bench_host.HostSample, alive: int
 ) -> dict[str, float]:
-    """Memory with all sandboxes alive, against before the launch (MB)."""
+    """Memory with all sandboxes alive, against before the launch (MB); ``alive``: the
+    sandboxes in this host's engine (0: none, so no host figure)."""
     figures: dict[str, float] = {}
     used = before.available_mb - peak.available_mb
     if alive:

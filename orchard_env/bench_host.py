@@ -1,6 +1,13 @@
-"""What `orchard bench launch` measures on this machine besides the API: the orchestrator's
-and the engine's memory (found by the sockets they listen on), the host's available memory,
-and the engine alone creating as many plain containers, as a same-run baseline."""
+"""What `orchard bench` measures on this machine besides the API: the orchestrator's and the
+engine's memory and CPU (found by the sockets they listen on), the host's available memory,
+a sandbox's agent processes (its container found in the engine), and the engine alone creating
+as many plain containers, as a same-run baseline.
+
+Each of these only means something for a service on this host (an orchestrator process here,
+sandboxes in this host's engine): :func:`find_service` and :func:`engine_container` say why
+not otherwise (a remote service, a port-forward, a Kubernetes backend), and the benchmarks
+report that instead of a figure.
+"""
 
 from __future__ import annotations
 
@@ -57,12 +64,33 @@ def listener_pid(port: int) -> int | None:
     return _owner(_socket_inodes("tcp", match) | _socket_inodes("tcp6", match))
 
 
-def service_pid(url: str) -> int | None:
-    """The local process listening on ``url``'s port (None if not on this machine)."""
+def find_service(url: str) -> int | str:
+    """The pid of the orchestrator process of this host serving ``url``, or why there is none:
+    the URL is not on this host, no process of this user listens on its port, or the one that
+    does is no orchestrator (``kubectl port-forward`` to one in a cluster, a proxy)."""
     parts = urlsplit(url)
     if parts.hostname not in ("127.0.0.1", "localhost", "::1") or parts.port is None:
-        return None
-    return listener_pid(parts.port)
+        return f"the service ({parts.netloc}) is not on this host"
+    pid = listener_pid(parts.port)
+    if pid is None:
+        return f"no process of this user listens on port {parts.port}"
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return f"the process listening on port {parts.port} (pid {pid}) is gone"
+    if pid == os.getpid() or _is_orchestrator(argv):
+        return pid
+    return (
+        f"port {parts.port} is served by {Path(argv[0]).name} (pid {pid}), not an orchestrator: "
+        "the service runs elsewhere (a port-forward to a cluster?)"
+    )
+
+
+def _is_orchestrator(argv: list[str]) -> bool:
+    """`python -m orchard_env.orchestrator` (what `orchard up` starts) or `orchard serve`."""
+    if "orchard_env.orchestrator" in argv:
+        return True
+    return "serve" in argv and any(Path(arg).name == "orchard" for arg in argv)
 
 
 def engine_pid(engine_url: str) -> int | None:
@@ -70,6 +98,126 @@ def engine_pid(engine_url: str) -> int | None:
     if not engine_url.startswith("unix://"):
         return None
     return _owner(_socket_inodes("unix", engine_url.removeprefix("unix://")))
+
+
+@dataclass(frozen=True)
+class Container:
+    id: str
+    pid: int  # its first process, in this host's pid namespace
+
+
+def engine_container(engine_url: str | None, sandbox_id: str, backend: str) -> Container | str:
+    """The sandbox's container in this host's engine, or why it is not there."""
+    if backend != "docker":
+        return f"the sandbox runs on the {backend} backend, not in this host's container engine"
+    if engine_url is None:
+        return "no container engine was found on this host"
+    import docker
+
+    from orchard_env.orchestrator.backends.docker_engine import LABEL_SANDBOX_ID
+
+    try:
+        engine = docker.DockerClient(base_url=engine_url)
+        try:
+            found = engine.containers.list(filters={"label": f"{LABEL_SANDBOX_ID}={sandbox_id}"})
+        finally:
+            engine.close()
+    except docker.errors.DockerException as exc:
+        return f"the engine at {engine_url} did not answer: {exc}"
+    if len(found) != 1:
+        return f"the sandbox's container is not in the engine at {engine_url} (another engine)"
+    return Container(found[0].id, int(found[0].attrs["State"]["Pid"]))
+
+
+def exec_run_samples(engine_url: str, container_id: str, n: int) -> list[float]:
+    """Seconds of each of ``n`` engine ``exec_run``s of `true` in the container (after 3)."""
+    import docker
+
+    engine = docker.DockerClient(base_url=engine_url)
+    try:
+        container = engine.containers.get(container_id)
+        for _ in range(3):
+            container.exec_run(["true"])
+        samples = []
+        for _ in range(n):
+            started = time.perf_counter()
+            container.exec_run(["true"])
+            samples.append(time.perf_counter() - started)
+        return samples
+    finally:
+        engine.close()
+
+
+def sandbox_processes(container_pid: int) -> dict[str, list[int]]:
+    """A container's processes on this host by role, from /proc: ``monitor`` (the engine's
+    per-container process, e.g. conmon: the parent of the container's first process),
+    ``init`` (that first process), ``agent`` (whose command line runs the agent) and
+    ``other`` (the rest of its tree)."""
+    parents = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit():
+                parents[int(proc.name)] = int(stat_fields(int(proc.name))[1])
+        except OSError:
+            continue
+    tree = {container_pid}
+    grown = True
+    while grown:
+        before = len(tree)
+        tree |= {pid for pid, parent in parents.items() if parent in tree}
+        grown = len(tree) > before
+    roles: dict[str, list[int]] = {"monitor": [], "init": [container_pid], "agent": [], "other": []}
+    if parents.get(container_pid, 1) > 1:
+        roles["monitor"].append(parents[container_pid])
+    for pid in sorted(tree - {container_pid}):
+        try:
+            agent = b"/agent\0--listen" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        roles["agent" if agent else "other"].append(pid)
+    return roles
+
+
+def memory_listing(pids: list[int]) -> str:
+    """``pid pss_kb rss_kb uss_kb`` per process still running, read from this host's /proc."""
+    lines = []
+    for pid in pids:
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+            pss = _kb(rollup, "Pss:")
+            uss = _kb(rollup, "Private_Clean:") + _kb(rollup, "Private_Dirty:")
+            rss = _kb(Path(f"/proc/{pid}/status").read_text(), "VmRSS:")
+        except OSError:
+            continue
+        lines.append(f"{pid} {pss} {rss} {uss}")
+    return "\n".join(lines)
+
+
+def _kb(text: str, field: str) -> int:
+    return next(int(line.split()[1]) for line in text.splitlines() if line.startswith(field))
+
+
+def agent_memory(listing: str) -> dict[str, float]:
+    """Sum the agent processes' PSS (their share of memory, the libraries they share with
+    other sandboxes' agents split between them), RSS, and USS (their private memory: what
+    one more sandbox adds), in MB."""
+    pss = rss = uss = 0.0
+    count = 0
+    for line in listing.splitlines():
+        parts = line.split()
+        if len(parts) == 4:
+            count += 1
+            pss += float(parts[1]) / 1024
+            rss += float(parts[2]) / 1024
+            uss += float(parts[3]) / 1024
+    if not count:
+        raise RuntimeError(f"no agent process found under the sandbox's container: {listing!r}")
+    return {
+        "agent processes": count,
+        "agent PSS MB": round(pss, 1),
+        "agent RSS MB (sum)": round(rss, 1),
+        "agent USS MB (private)": round(uss, 1),
+    }
 
 
 def rss_mb(pid: int | None) -> float | None:

@@ -75,7 +75,8 @@ async def _measure(
     progress: Progress,
 ) -> tuple[list[float], float]:
     """Run the window; its latencies and its length, with CPU figures put in ``result``."""
-    orchestrator = bench_host.service_pid(client.base_url)
+    service = bench_host.find_service(client.base_url)
+    orchestrator = service if isinstance(service, int) else None
     latencies: list[float] = []
     progress(f"{len(sandboxes)} sandboxes running `true` back to back for {seconds:g} s")
     load_before = os.getloadavg()[0]
@@ -100,6 +101,8 @@ async def _measure(
         used = bench_host.cpu_seconds(orchestrator) - service_cpu
         result.figures["orchestrator CPU ms per exec"] = round(used * 1000 / execs, 2)
         result.figures["orchestrator CPU, % of one core"] = round(100 * used / window, 1)
+    else:
+        result.not_measured["orchestrator CPU per exec"] = str(service)
     result.figures["load average before"] = round(load_before, 1)
     result.figures["load average after"] = round(os.getloadavg()[0], 1)
     return latencies, window

@@ -65,6 +65,15 @@ def _volume_mode(value: str) -> str:
     return value
 
 
+PULL_POLICIES = ("IfNotPresent", "Always", "Never")
+
+
+def _pull_policy(value: str) -> str:
+    if value not in PULL_POLICIES:
+        raise ValueError("must be " + ", ".join(PULL_POLICIES[:-1]) + " or " + PULL_POLICIES[-1])
+    return value
+
+
 def _cidr_list(value: str) -> tuple[str, ...]:
     networks = tuple(item.strip() for item in value.split(",") if item.strip())
     for network in networks:
@@ -160,6 +169,14 @@ SERVICE_SETTINGS: tuple[Setting, ...] = (
         "ImageVolume feature), initcontainer (copied into an emptyDir) or off",
     ),
     Setting("runtime_class", None, str, "runtimeClassName for sandbox pods (gvisor, kata)"),
+    Setting(
+        "image_pull_policy",
+        "IfNotPresent",
+        _pull_policy,
+        "imagePullPolicy of a sandbox's image: IfNotPresent (an image the node has is used, "
+        "as the local engine does, whatever its tag), Always (the registry asked at every "
+        "create: for tags you push again) or Never",
+    ),
     Setting(
         "ephemeral_storage",
         "10Gi",
@@ -277,6 +294,7 @@ class ServiceSettings:
     tools_cache_dir: Path | None = None
     tools_image: str | None = None
     tools_volume_mode: str = "initcontainer"
+    image_pull_policy: str = "IfNotPresent"
 
     @property
     def db_path(self) -> Path:

@@ -1,10 +1,11 @@
-"""A scripted fake model server on loopback: OpenAI Responses, OpenAI Chat Completions and
-Anthropic Messages, streamed (SSE) or not, for tests that run harnesses or the gateway and
-for ``orchard bench harness``.
+"""A scripted fake model server (on loopback unless told otherwise): OpenAI Responses, OpenAI
+Chat Completions and Anthropic Messages, streamed (SSE) or not, for tests that run harnesses
+or the gateway and for ``orchard bench harness``.
 
 Start it from a test with the ``fake_model`` fixture of ``tests/gateway/conftest.py``, with
 :func:`running` (on its own thread), or by hand:
-``python -m orchard_env.fake_model --port 8123 --key sk-real`` (it prints its URL).
+``python -m orchard_env.fake_model --port 8123 --key sk-real`` (it prints its URL;
+``--host`` listens on another address, e.g. where a cluster's pods reach it).
 
 **Auth.** Every request must carry the server's key (``Authorization: Bearer <key>`` or
 ``x-api-key: <key>``), else 401: the key only the gateway holds, so a call that got through
@@ -62,14 +63,15 @@ class FakeModel:
     model: str = "fake-model"
     requests: list[Seen] = field(default_factory=list)
     port: int = 0
+    host: str = "127.0.0.1"
     _server: asyncio.Server | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     async def start(self, port: int = 0) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+        self._server = await asyncio.start_server(self._serve, self.host, port)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -482,8 +484,8 @@ def running(**options: Any) -> Iterator[FakeModel]:
         loop.close()
 
 
-async def _main(port: int, key: str) -> None:
-    fake = FakeModel(key=key)
+async def _main(host: str, port: int, key: str) -> None:
+    fake = FakeModel(key=key, host=host)
     await fake.start(port)
     sys.stdout.write(f"{fake.url}\n")
     sys.stdout.flush()
@@ -492,7 +494,8 @@ async def _main(port: int, key: str) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--key", default="sk-fake")
     args = parser.parse_args()
-    asyncio.run(_main(args.port, args.key))
+    asyncio.run(_main(args.host, args.port, args.key))

@@ -5,7 +5,9 @@ What `orchard up --target kubeconfig` checks before it deploys anything:
 - the cluster answers, and its Kubernetes version is one Orchard supports;
 - NetworkPolicies are enforced (a Calico, Cilium, Azure NPM, Antrea or kube-router DaemonSet
   runs). Without an enforcing plugin a NetworkPolicy is accepted and silently ignored, so
-  sandboxes would not be isolated from each other or the network: that is warned about loudly;
+  sandboxes would not be isolated from each other or the network: that is warned about loudly.
+  An engine running outside pods (kube-router or k3s's controller as a node process) is not
+  visible to the API, so the warning says so; `orchard smoke` then checks enforcement itself;
 - sandbox nodes exist (label ``workload=sandbox``). When none does, Orchard labels and taints
   worker nodes itself, but only with consent (``--yes``), and always leaves one node without
   the taint for the orchestrator;
@@ -359,10 +361,13 @@ class KubeconfigTarget:
             )
         elif not engines:
             report.warnings.append(
-                "NO NETWORKPOLICY ENFORCEMENT: no Calico, Cilium, Azure NPM, Antrea or "
-                "kube-router runs in this cluster, so the NetworkPolicies Orchard creates are "
-                "ignored and sandbox isolation is fake (any sandbox with network can reach any "
-                "pod). Install a policy engine (e.g. Calico) before running untrusted code."
+                "NO NETWORKPOLICY ENGINE FOUND: no Calico, Cilium, Azure NPM, Antrea or "
+                "kube-router DaemonSet runs in this cluster. Unless an engine runs outside pods "
+                "(kube-router or k3s's embedded policy controller as a process of each node), "
+                "the NetworkPolicies Orchard creates are ignored and sandbox isolation is fake "
+                "(any sandbox with network can reach any pod). `orchard smoke` (the last stage "
+                "of `orchard up`) checks that a sandbox's egress is refused and fails if it is "
+                "not; install a policy engine (e.g. Calico) before running untrusted code."
             )
         if untainted:
             report.warnings.append(

@@ -212,6 +212,10 @@ class DeploymentProfile(_Section):
     system_pool: NodePool = Field(default_factory=NodePool)
     sandbox_pool: SandboxPool = Field(default_factory=SandboxPool)
     runtime_class: str | None = Field(default=None, description="e.g. gvisor or kata")
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
+        default="IfNotPresent",
+        description="of sandbox images; Always for tags you push again",
+    )
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     build: BuildSettings = Field(default_factory=BuildSettings)
     service: ServiceProfile = Field(default_factory=ServiceProfile)
@@ -221,6 +225,11 @@ class DeploymentProfile(_Section):
         default=False,
         description="the tools image (agent harnesses, 1.4 GB, Claude Code inside: your own "
         "registry only): up builds and pushes it, sandboxes get it",
+    )
+    model_endpoints: str | None = Field(
+        default=None,
+        description="TOML file of the model endpoints sandbox gateways forward to (keys: "
+        'key_file = "/etc/orchard/model-keys/<key>", from your Secret orchard-model-keys)',
     )
     snapshotter: NodeSnapshotter = Field(default_factory=NodeSnapshotter)
     snapshots: bool = Field(

@@ -377,7 +377,7 @@ class ClusterDeployment:
             )
         else:
             outputs = infra.provision(progress, consent=self.consent)
-            engines = ", ".join(outputs["network_policy"]) or "NONE (isolation is fake)"
+            engines = ", ".join(outputs["network_policy"]) or "no engine found"
             summary = (
                 f"Kubernetes {outputs['kubernetes_version']} at {outputs['server']}; network "
                 f"policy: {engines}; sandbox nodes: {', '.join(outputs['sandbox_nodes']) or '-'}"

@@ -60,7 +60,7 @@ def _remove_test_objects(client: docker.DockerClient, *, current: bool) -> None:
     for summary in client.api.containers(all=True, filters=created_by):
         if _is_removable(summary.get("Labels"), current=current):
             _remove_container(client, summary)
-    for summary in client.api.images(filters=created_by):
+    for summary in listed_images(client, created_by):
         if _is_removable(summary.get("Labels"), current=current):
             _ignore_gone(client.api.remove_image, summary["Id"], force=True)
 
@@ -93,13 +93,18 @@ def _ignore_gone(remove: Any, object_id: str, **options: Any) -> None:
 
 def image_tags(client: docker.DockerClient, label: str) -> list[str]:
     """The tags of the images carrying ``label``, from one listing (the SDK's ``images.list``
-    inspects each image after listing, which fails when a reaper removes one in between).
-    Podman's listing itself fails ("image not known") when an image goes meanwhile: ask
-    again."""
+    inspects each image after listing, which fails when a reaper removes one in between)."""
+    listed = listed_images(client, {"label": label})
+    return [tag for image in listed for tag in image.get("RepoTags") or ()]
+
+
+def listed_images(client: docker.DockerClient, filters: dict[str, str]) -> list[dict[str, Any]]:
+    """The engine's image summaries. Podman's listing itself fails ("image not known") when
+    an image goes meanwhile (another session removing its own): ask again."""
     for attempt in range(10):
         try:
-            listed = client.api.images(filters={"label": label})
-            return [tag for image in listed for tag in image.get("RepoTags") or ()]
+            listed: list[dict[str, Any]] = client.api.images(filters=filters)
+            return listed
         except docker.errors.APIError as exc:
             if "image not known" not in str(exc) or attempt == 9:
                 raise

@@ -38,6 +38,7 @@ SCRIPTS = ROOT / "scripts" / "k8s"
 STATE = Path(os.environ.get("ORCHARD_K8S_STATE", "/var/lib/orchard/k8s"))
 NETNS = os.environ.get("ORCHARD_K8S_NETNS", "orchard-k8s")
 INTERNET_NETNS = f"{NETNS}-internet"  # the cluster's stand-in for the internet
+INTERNET = "198.51.100.10"  # its address (scripts/k8s/common.sh)
 LOCKS = STATE.parent / "k8s-locks"
 STARTED_BY_TESTS = "started-by-tests"
 

@@ -1,10 +1,12 @@
 """The orchestrator started for real in tests: the app under uvicorn on 127.0.0.1 in a thread
 (:func:`serve`, :func:`live_service`), or in-process behind ``httpx.ASGITransport`` with its
-lifespan running (:func:`asgi_service`), each with an admin key; and the service-tier fake
-backend that stops its agents afterwards (:func:`fake_backend`)."""
+lifespan running (:func:`asgi_service`), each with an admin key; the service-tier fake
+backend that stops its agents afterwards (:func:`fake_backend`); and a server process that
+prints where it listens (:func:`printing_server`)."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -97,3 +99,15 @@ def fake_backend() -> Iterator[AgentProcessBackend]:
         yield fake
     finally:
         fake.shutdown()
+
+
+@contextmanager
+def printing_server(command: list[str]) -> Iterator[str]:
+    """Run a server process that prints one line once it listens (its port, its URL); yield
+    that line, and kill the process on the way out."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as server:
+        try:
+            assert server.stdout is not None
+            yield server.stdout.readline().strip()
+        finally:
+            server.kill()

@@ -68,6 +68,16 @@ def test_service_bad_env_value_names_key_and_source(monkeypatch: pytest.MonkeyPa
     assert info.value.hint == "max_cpu: largest CPU a sandbox may ask for"
 
 
+def test_a_pull_policy_kubernetes_does_not_know_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCHARD_IMAGE_PULL_POLICY", "ifnotpresent")
+    with pytest.raises(ConfigError) as info:
+        config.service_settings()
+    assert info.value.message == (
+        "bad value 'ifnotpresent' for image_pull_policy (from ORCHARD_IMAGE_PULL_POLICY): "
+        "must be IfNotPresent, Always or Never"
+    )
+
+
 def test_service_flags_are_parsed_like_env_values(tmp_path: Path) -> None:
     settings = config.service_settings(port="9001", state_dir=str(tmp_path), max_cpu="500m")
     assert settings.port == 9001

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from orchard_env.bench import _agent_memory
-from orchard_env.bench_host import cpu_seconds, listener_pid, stat_fields
+from orchard_env.bench_host import agent_memory, cpu_seconds, listener_pid, stat_fields
 
 
 def test_listener_pid_finds_the_process_listening_on_a_port() -> None:
@@ -30,14 +29,14 @@ def test_cpu_seconds_grows_with_work() -> None:
 
 
 def test_agent_memory_sums_the_listing_and_refuses_an_empty_one() -> None:
-    assert _agent_memory("1 10240 11264 9216\n7 2048 3072 1024\n") == {
+    assert agent_memory("1 10240 11264 9216\n7 2048 3072 1024\n") == {
         "agent processes": 2,
         "agent PSS MB": 12.0,
         "agent RSS MB (sum)": 14.0,
         "agent USS MB (private)": 10.0,
     }
     with pytest.raises(RuntimeError, match="no agent process"):
-        _agent_memory("")
+        agent_memory("")
 
 
 def test_stat_fields_start_with_the_state_and_the_parent() -> None:

@@ -369,6 +369,17 @@ def test_image_pull_policy_follows_the_tag() -> None:
     assert policy("r.example/orchard/orchestrator@sha256:" + "0" * 64) == "IfNotPresent"
 
 
+def test_the_profile_sets_the_sandbox_image_pull_policy() -> None:
+    def setting(data: dict[str, Any]) -> str:
+        objects = render(values_from_profile(_profile(data), REFS))
+        return str(_by(objects, "ConfigMap", "orchard-config")["data"]["ORCHARD_IMAGE_PULL_POLICY"])
+
+    assert setting({}) == "IfNotPresent"
+    assert setting({"image_pull_policy": "Always"}) == "Always"
+    with pytest.raises(ConfigError, match=r"image_pull_policy: Input should be 'IfNotPresent'"):
+        _profile({"image_pull_policy": "sometimes"})
+
+
 def test_a_settings_change_rolls_the_pods() -> None:
     def checksum(values: DeployValues) -> str:
         template = _orchestrator(render(values))["spec"]["template"]

@@ -193,8 +193,10 @@ def test_no_policy_engine_is_warned_about_loudly(cluster: FakeCluster, tmp_path:
     add_daemonset(cluster, "kube-system", "kube-proxy")
     report = make(cluster, tmp_path).check()
     assert report.network_policy == []
-    assert report.warnings[0].startswith("NO NETWORKPOLICY ENFORCEMENT: ")
+    assert report.warnings[0].startswith("NO NETWORKPOLICY ENGINE FOUND: ")
+    assert "Unless an engine runs outside pods (kube-router" in report.warnings[0]
     assert "sandbox isolation is fake" in report.warnings[0]
+    assert "`orchard smoke` (the last stage of `orchard up`) checks" in report.warnings[0]
 
 
 def test_a_single_worker_is_labelled_but_not_tainted(cluster: FakeCluster, tmp_path: Path) -> None:

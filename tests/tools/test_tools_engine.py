@@ -61,7 +61,7 @@ def orchard(settings: ServiceSettings, docker_client: docker.DockerClient) -> It
             docker_client.images.remove(tag)
 
 
-def _versions(output: str) -> dict[str, str]:
+def harness_versions(output: str) -> dict[str, str]:
     lines = [line for line in output.splitlines() if line.strip()]
     assert len(lines) == len(HARNESSES), output
     found = dict(zip(HARNESSES, lines, strict=True))
@@ -84,12 +84,12 @@ def test_every_harness_reports_its_version_via_path(
         # HOME on the sandbox's own disk: codex and opencode write state there.
         plain = sandbox.exec(VERSIONS_CMD, env={"HOME": "/root"}, timeout=300)
         assert plain.exit_code == 0, plain.stderr
-        found = _versions(plain.stdout)
+        found = harness_versions(plain.stdout)
         for name, line in found.items():
             assert f"{name:<9}{line}" in recorded  # the same as the payload's VERSIONS
         login = sandbox.exec(VERSIONS_CMD, login_shell=True, timeout=300)
         assert login.exit_code == 0, login.stderr
-        assert _versions(login.stdout) == found
+        assert harness_versions(login.stdout) == found
         path = sandbox.exec("echo $PATH").stdout.strip()
         assert path.endswith(":/opt/sandbox-tools/bin")
         assert path.split(":")[0] == "/usr/local/sbin"  # the image's own PATH comes first

@@ -186,6 +186,9 @@ def pod_manifest(settings: ServiceSettings, spec: SandboxSpec) -> Pod:
             {
                 "name": MAIN_CONTAINER,
                 "image": spec.image,
+                # Stated, not Kubernetes' default (Always for :latest or no tag: a registry
+                # round trip at every create, and none starts while the registry is away).
+                "imagePullPolicy": settings.image_pull_policy,
                 "command": launch_argv(
                     BUNDLE_MOUNT, f"tcp:0.0.0.0:{settings.agent_port}", SANDBOX_MACHINE
                 ),

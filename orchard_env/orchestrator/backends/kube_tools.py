@@ -24,6 +24,9 @@ TOOLS_VOLUME = "orchard-tools"
 TOOLS_INIT_CONTAINER = "tools-injector"
 TOOLS_SUBPATH = TOOLS_MOUNT.lstrip("/")  # where the tools image holds the payload
 TOOLS_VOLUME_BYTES = 2 * 1024**3  # the emptyDir's sizeLimit: the payload is about 1.4 GB
+# Where the tools injector sees the emptyDir it copies into: not TOOLS_MOUNT, where its image
+# holds the payload (mounted there, the empty volume would hide what it is to copy).
+TOOLS_COPY_TARGET = "/mnt/sandbox-tools"
 
 
 def add_tools(
@@ -57,17 +60,16 @@ def add_tools(
     pod_spec["volumes"].append(
         {"name": TOOLS_VOLUME, "emptyDir": {"sizeLimit": str(TOOLS_VOLUME_BYTES)}}
     )
-    mount = {"name": TOOLS_VOLUME, "mountPath": TOOLS_MOUNT}
     pod_spec["initContainers"].append(
         {
             **init_template,
             "name": TOOLS_INIT_CONTAINER,
             "image": image,
-            "args": [TOOLS_MOUNT, *(harnesses or ())],
-            "volumeMounts": [mount],
+            "args": [TOOLS_COPY_TARGET, *(harnesses or ())],
+            "volumeMounts": [{"name": TOOLS_VOLUME, "mountPath": TOOLS_COPY_TARGET}],
         }
     )
-    main["volumeMounts"].append({**mount, "readOnly": True})
+    main["volumeMounts"].append({"name": TOOLS_VOLUME, "mountPath": TOOLS_MOUNT, "readOnly": True})
     main["volumeMounts"].append(_profile_mount(TOOLS_PROFILE))
     for kind in ("requests", "limits"):
         amounts = main["resources"][kind]

@@ -18,7 +18,7 @@ from uuid import uuid4
 import docker
 import pytest
 
-from orchard_env import bench, errors
+from orchard_env import bench_host, errors
 from orchard_env.agent.bundle import BUNDLE_MOUNT, RUN_DIR_MOUNT
 from orchard_env.agent.client import AgentClient, Exit, Output
 from orchard_env.config import ServiceSettings, service_settings
@@ -535,6 +535,7 @@ async def test_a_stopped_sandbox_removed_while_it_is_listed_is_left_out(
 
     def removed_first(container: Any) -> None:
         docker_client.api.remove_container(container.id, force=True)
+        run_dir_mount.unmount(settings.sandboxes_dir / stopped.sandbox_id)  # as a delete does
         real_reload(container)
 
     monkeypatch.setattr(docker.models.containers.Container, "reload", removed_first)
@@ -566,14 +567,14 @@ async def test_the_benchmark_finds_a_sandboxs_processes_on_this_host(
     async with _agent(sandbox) as agent:
         events = agent.exec(uuid4().hex, "echo started; exec sleep 60", timeout=60)
         assert isinstance(await anext(events), Output)
-        roles = await asyncio.to_thread(
-            bench.host_sandbox_processes, backend._engine, sandbox.sandbox_id
-        )
+        container = bench_host.engine_container(backend._engine, sandbox.sandbox_id, "docker")
+        assert not isinstance(container, str), container
+        roles = await asyncio.to_thread(bench_host.sandbox_processes, container.pid)
         await events.aclose()
     (monitor,) = roles["monitor"]
     (init,) = roles["init"]
     assert _comm(monitor) == "conmon" and _comm(init) == "podman-init"  # catatonit
     assert roles["agent"] and [_comm(pid) for pid in roles["other"]] == ["sleep"]
-    listing = bench.memory_listing(roles["agent"]).splitlines()
+    listing = bench_host.memory_listing(roles["agent"]).splitlines()
     assert [int(line.split()[0]) for line in listing] == roles["agent"]
     assert all(int(field) > 0 for line in listing for field in line.split())

@@ -40,10 +40,11 @@ def test_init_container_mode_is_valid_and_raises_ephemeral_storage(
     kubernetes_validate.validate(pod, version, strict=True)
     injector = pod["spec"]["initContainers"][1]
     assert injector["name"] == "tools-injector" and injector["image"] == TOOLS_IMAGE
-    assert injector["args"] == ["/opt/sandbox-tools"]  # everything
+    assert injector["args"] == ["/mnt/sandbox-tools"]  # everything
     assert injector["securityContext"]["runAsNonRoot"] is True
+    # Not over /opt/sandbox-tools, where the injector's image holds what it copies.
     assert injector["volumeMounts"] == [
-        {"name": "orchard-tools", "mountPath": "/opt/sandbox-tools"}
+        {"name": "orchard-tools", "mountPath": "/mnt/sandbox-tools"}
     ]
     assert {"name": "orchard-tools", "emptyDir": {"sizeLimit": str(TOOLS_VOLUME_BYTES)}} in (
         pod["spec"]["volumes"]
@@ -92,7 +93,7 @@ def test_image_volume_mode_is_valid_and_copies_nothing(
 
 def test_a_subset_is_copied_alone(kube_settings: ServiceSettings) -> None:
     pod = _pod(kube_settings, "initcontainer", tools=("codex", "pi"))
-    assert pod["spec"]["initContainers"][1]["args"] == ["/opt/sandbox-tools", "codex", "pi"]
+    assert pod["spec"]["initContainers"][1]["args"] == ["/mnt/sandbox-tools", "codex", "pi"]
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.server
-import subprocess
 import sys
 import threading
 import time
@@ -27,7 +26,7 @@ from kubernetes import client as k8s
 
 from orchard_env.orchestrator.backends.base import BackendSandbox
 from orchard_env.orchestrator.backends.kubernetes import KubernetesBackend
-from tests.kube_local import INTERNET_NETNS, unique_name
+from tests.kube_local import INTERNET, INTERNET_NETNS, unique_name
 from tests.orchestrator.backends.kube_node import (
     AGENT_PORT,
     HOST,
@@ -36,9 +35,9 @@ from tests.orchestrator.backends.kube_node import (
     make_spec,
     run,
 )
+from tests.servers import printing_server
 
 pytestmark = [pytest.mark.kube_real, pytest.mark.engine]
-INTERNET = "198.51.100.10"  # scripts/k8s/common.sh
 ORCHESTRATOR_LABELS = {"app.kubernetes.io/name": "orchard-orchestrator"}
 # Restricted Pod Security (the orchestrator's namespace enforces it).
 RESTRICTED = {
@@ -89,12 +88,8 @@ def internet_server() -> Iterator[str]:
     routed only from the cluster's)."""
     netns = f"--net=/run/netns/{INTERNET_NETNS}"
     command = ["nsenter", netns, "--", sys.executable, "-c", _ACCEPTOR, INTERNET]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as server:
-        try:
-            assert server.stdout is not None
-            yield f"{INTERNET} {server.stdout.readline().strip()}"
-        finally:
-            server.kill()
+    with printing_server(command) as port:
+        yield f"{INTERNET} {port}"
 
 
 def connect(target: str) -> str:

@@ -188,6 +188,16 @@ def test_without_ttl_or_runtime_class_the_pod_has_neither(kube_settings: Service
     assert "orchard.owner" not in labels
 
 
+@pytest.mark.parametrize("policy", [None, "Always", "Never"])
+def test_the_sandbox_image_pull_policy_is_stated(
+    kube_settings: ServiceSettings, policy: str | None
+) -> None:
+    """IfNotPresent unless set, for :latest too (Kubernetes' default would be Always)."""
+    settings = kube_settings if policy is None else replace(kube_settings, image_pull_policy=policy)
+    main = sent_pod(settings, make_spec(image="r.example/img:latest"))["spec"]["containers"][0]
+    assert main["imagePullPolicy"] == (policy or "IfNotPresent")
+
+
 @pytest.mark.parametrize(
     ("disk", "request_bytes"), [(256 * 1024**2, 256 * 1024**2), (5 * 1024**3, 1024**3)]
 )
