@@ -84,12 +84,12 @@ def test_exec_through_a_forwarder_names_what_it_did_not_measure(live: Live, forw
     assert "ratio p50 (orchard / engine)" not in result.figures
     assert result.not_measured == {
         "orchestrator CPU per exec": bench_host.find_service(forwarded),
-        "engine exec_run, agent memory": "the sandbox runs on the fake backend, not in this "
-        "host's container engine",
+        "engine exec_run, the agent's CPU and memory": "the sandbox runs on the fake backend, "
+        "not in this host's container engine",
     }
     assert (
-        "- engine exec_run, agent memory: not measured (the sandbox runs on the fake backend"
-        in result.markdown()
+        "- engine exec_run, the agent's CPU and memory: not measured (the sandbox runs on the "
+        "fake backend" in result.markdown()
     )
     assert result.to_json()["not_measured"] == result.not_measured
 

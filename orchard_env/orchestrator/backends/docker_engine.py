@@ -45,6 +45,7 @@ import os
 import re
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -115,6 +116,7 @@ WELL_KNOWN_SOCKETS = ("/run/podman/podman.sock", "/var/run/docker.sock")
 # creation (about 9 creates/s here whether 6 or 32 are in flight): more only makes each slower.
 LIFECYCLE_THREADS = 8
 QUERY_THREADS = 8  # inspect and list, apart from those
+ID_LOCK_STRIPES = 64  # creates and deletes of ids in one stripe wait for each other
 
 MAX_SOCKET_PATH = 107  # sockaddr_un.sun_path is 108 bytes with the terminating NUL
 _INSTANCE_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
@@ -300,6 +302,9 @@ class DockerEngineBackend:
         # against their snapshot every time.
         self._images_seen: dict[str, dict[str, Any]] = {}
         self._info: dict[str, Any] | None = None  # the engine's, asked once
+        # A create and a delete of one id never interleave: a delete of a sandbox that
+        # expired must not remove the directory a new create of the same id has just made.
+        self._id_locks = tuple(threading.Lock() for _ in range(ID_LOCK_STRIPES))
         self._unbounded_said = False  # the warning that agent directories are not bounded
 
     # -- helpers --------------------------------------------------------------------------
@@ -883,8 +888,13 @@ class DockerEngineBackend:
 
     # -- the Backend protocol ---------------------------------------------------------------
 
+    def _one_at_a_time(self, sandbox_id: str, call: Callable[[], _T]) -> _T:
+        with self._id_locks[hash(sandbox_id) % ID_LOCK_STRIPES]:
+            return call()
+
     async def create(self, spec: SandboxSpec) -> BackendSandbox:
-        return await self._call(self._lifecycle, self._create, spec)
+        create = functools.partial(self._create, spec)
+        return await self._call(self._lifecycle, self._one_at_a_time, spec.sandbox_id, create)
 
     async def inspect(self, sandbox_id: str) -> BackendSandbox | None:
         return await self._call(self._queries, self._inspect, sandbox_id)
@@ -893,7 +903,8 @@ class DockerEngineBackend:
         return await self._call(self._queries, self._list)
 
     async def delete(self, sandbox_id: str) -> None:
-        await self._call(self._lifecycle, self._delete, sandbox_id)
+        delete = functools.partial(self._delete, sandbox_id)
+        await self._call(self._lifecycle, self._one_at_a_time, sandbox_id, delete)
 
     async def snapshot(
         self, sandbox_id: str, snapshot_id: str, *, parent: str | None = None
