@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import json
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
@@ -22,6 +23,7 @@ from orchard_env import bench_host, errors
 from orchard_env.agent.bundle import BUNDLE_MOUNT, RUN_DIR_MOUNT
 from orchard_env.agent.client import AgentClient, Exit, Output
 from orchard_env.config import ServiceSettings, service_settings
+from orchard_env.orchestrator.backends import docker_engine
 from orchard_env.orchestrator.backends import run_dir as run_dir_mount
 from orchard_env.orchestrator.backends.base import (
     BackendSandbox,
@@ -578,3 +580,31 @@ async def test_the_benchmark_finds_a_sandboxs_processes_on_this_host(
     listing = bench_host.memory_listing(roles["agent"]).splitlines()
     assert [int(line.split()[0]) for line in listing] == roles["agent"]
     assert all(int(field) > 0 for line in listing for field in line.split())
+
+
+async def test_a_create_waits_for_a_delete_of_the_same_id(
+    backend: DockerEngineBackend,
+    spec: Callable[..., SandboxSpec],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A delete of an expired sandbox and a new create of its id (schemathesis found them
+    interleaved: the delete removed the directory the create had just made, a 500)."""
+    old = await _ready(backend, spec())
+    removing, release = threading.Event(), threading.Event()
+    remove = docker_engine._remove_run_dir
+
+    def slow_remove(run_dir: Path) -> None:
+        removing.set()
+        release.wait(30)
+        remove(run_dir)
+
+    monkeypatch.setattr(docker_engine, "_remove_run_dir", slow_remove)
+    deleting = asyncio.create_task(backend.delete(old.sandbox_id))
+    assert await asyncio.to_thread(removing.wait, 30)  # the container is gone, its dir not yet
+    creating = asyncio.create_task(_ready(backend, spec(sandbox_id=old.sandbox_id)))
+    await asyncio.sleep(0.5)  # the create's head start, were it not to wait
+    release.set()
+    await deleting
+    new = await creating
+    async with _agent(new) as agent:
+        assert (await _run(agent, "echo alive"))[0] == "alive\n"
