@@ -165,8 +165,9 @@ def bench_exec(
             result.figures["ratio p50 (orchard / engine)"] = round(
                 result.stats["orchard exec"].p50 / result.stats["engine exec_run"].p50, 4
             )
-        result.figures.update(bench_host.agent_memory(bench_host.memory_listing(agents)))
         whole = bench_host.memory_listing([pid for pids in processes.values() for pid in pids])
+        of_agents = [line for line in whole.splitlines() if int(line.split()[0]) in agents]
+        result.figures.update(bench_host.agent_memory("\n".join(of_agents)))
         result.figures["the sandbox's processes on the host, PSS MB (monitor, init, agent)"] = (
             round(sum(float(line.split()[1]) for line in whole.splitlines()) / 1024, 1)
         )
