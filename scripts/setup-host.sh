@@ -21,12 +21,14 @@ QUOTA_MOUNT=/var/lib/orchard-engine        # the btrfs on it; graphroot is stora
 QUOTA_RUN=/run/orchard-engine              # a tmpfs; runroot is storage/ below
 # iptables: netavark sets up the bridge network with it; curl: the socket check below;
 # catatonit: the init every sandbox container runs as PID 1; python3: the interpreter the
-# agent bundle is built from; python3-venv: `make install`.
+# agent bundle is built from; gcc, libc6-dev: the bundle's static orchard-subreaper;
+# python3-venv: `make install`.
 # openssl, iproute2, util-linux: the local Kubernetes control plane; containerd,
 # containernetworking-plugins, ipset and conntrack: its node (scripts/k8s); btrfs-progs: the
 # quota-capable engine storage.
 PACKAGES=(podman runc catatonit iptables busybox-static debootstrap curl python3 python3-venv
-  openssl iproute2 util-linux containerd containernetworking-plugins ipset conntrack btrfs-progs)
+  openssl iproute2 util-linux containerd containernetworking-plugins ipset conntrack btrfs-progs
+  gcc libc6-dev)
 
 say() { printf 'setup-host: %s\n' "$*"; }
 die() { printf 'setup-host: error: %s\n' "$*" >&2; exit 1; }

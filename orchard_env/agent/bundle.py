@@ -11,8 +11,9 @@ Layout: ``bin/python3``, ``lib/`` (shared libraries and the loader), ``lib/pytho
 stdlib, ``lib-dynload`` inside), ``agent/`` (the :mod:`orchard_env.agent.daemon` package as
 ``agent/orchard_agent/``, bytecode only, and the entry ``agent/__main__.pyc`` that the
 interpreter runs when given the directory: bytecode, because compiling at every start would
-cost time and about 3 MB of the agent's resident memory), ``bundle.json`` (what it was built
-from).
+cost time and about 3 MB of the agent's resident memory), ``bin/orchard-subreaper`` (the
+static first process of every command, from ``subreaper.c``: building a bundle needs a C
+compiler and static glibc), ``bundle.json`` (what it was built from).
 
 The interpreter finds its stdlib by itself: it looks for ``lib/python3.X/os.py`` next to its
 own ``bin/`` (Python's landmark search), so no ``PYTHONHOME`` or ``LD_LIBRARY_PATH`` is set
@@ -40,9 +41,12 @@ RUN_DIR_MOUNT = "/run/orchard"
 SOCKET_NAME = "agent.sock"
 DEFAULT_PYTHON = Path("/usr/bin/python3.11")
 MIN_PYTHON = (3, 11)
-BUNDLE_FORMAT = 4  # bump when the layout or the pruning changes: ensure_bundle rebuilds
+BUNDLE_FORMAT = 5  # bump when the layout or the pruning changes: ensure_bundle rebuilds
 DAEMON_SOURCE = Path(__file__).with_name("daemon")  # shipped as the package orchard_agent
 DAEMON_PACKAGE = "orchard_agent"
+SUBREAPER_SOURCE = Path(__file__).with_name("subreaper.c")
+SUBREAPER = "bin/orchard-subreaper"  # in the bundle; the agent is told where (launch_env)
+SUBREAPER_ENV = "ORCHARD_AGENT_SUBREAPER"
 ENTRY = f"import {DAEMON_PACKAGE}.__main__\n"  # agent/__main__.py: run the package's entry
 MANIFEST = "bundle.json"
 
@@ -170,16 +174,14 @@ def launch_argv(
 
 
 def launch_env(mount: str = BUNDLE_MOUNT) -> dict[str, str]:
-    """Environment variables the launcher must add for the agent: none.
+    """Environment variables the launcher must add for the agent: where its subreaper is.
 
     The interpreter finds its stdlib from its own location and the loader gets the library
     path on its command line (see :func:`launch_argv`), so the container environment stays
-    exactly the image's plus the sandbox's (the agent adds only ``ORCHARD_AGENT_*`` settings,
-    which it never passes on). Kept as the one place a backend takes the launch environment
-    from, should a future bundle need one.
+    exactly the image's plus the sandbox's and this ``ORCHARD_AGENT_*`` setting, which the
+    agent never passes on to its commands.
     """
-    del mount  # the bundle location needs no variable
-    return {}
+    return {SUBREAPER_ENV: f"{mount}/{SUBREAPER}"}
 
 
 def find_python(python: Path | None = None) -> Path:
@@ -333,6 +335,7 @@ def _populate(root: Path, python: Path, keep: frozenset[str]) -> None:
     shutil.copy2(loader.resolve(), root / "lib" / loader.name)
 
     _install_daemon(root)
+    build_subreaper(root / SUBREAPER)
     (root / MANIFEST).write_text(
         json.dumps(
             {
@@ -356,11 +359,35 @@ def daemon_sources() -> list[Path]:
 
 
 def daemon_digest() -> str:
-    """SHA-256 over the agent package's module names and contents."""
+    """SHA-256 over the agent package's module names and contents, and its subreaper's."""
     digest = hashlib.sha256()
-    for source in daemon_sources():
+    for source in [*daemon_sources(), SUBREAPER_SOURCE]:
         digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def build_subreaper(dest: Path) -> Path:
+    """Compile ``subreaper.c`` into a static executable at ``dest``: one that runs in any
+    image of this machine's architecture, whatever its libc."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise errors.NotSupported(
+            "building the agent bundle needs a C compiler for its subreaper, and none is on PATH",
+            hint="apt-get install gcc libc6-dev (make host installs them)",
+        )
+    result = subprocess.run(
+        [compiler, "-O2", "-static", "-s", "-o", str(dest), str(SUBREAPER_SOURCE)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    if result.returncode != 0:
+        raise errors.OrchardError(
+            f"compiling {SUBREAPER_SOURCE} with {compiler} failed: {result.stderr.strip()[-2000:]}",
+            hint="install gcc and libc6-dev (static glibc), e.g. with make host",
+        )
+    return dest
 
 
 def _install_daemon(root: Path) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from orchard_env.agent.bundle import SUBREAPER_ENV, build_subreaper
 from orchard_env.agent.client import AgentClient, AgentEvent, Exit, Output
 from orchard_env.agent.daemon import proof
 from tests.orchestrator.fakes import HOST_AGENT
@@ -164,16 +165,31 @@ def short_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def subreaper(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundle's ``orchard-subreaper``, built as a bundle build makes it."""
+    return build_subreaper(tmp_path_factory.mktemp("subreaper") / "orchard-subreaper")
+
+
 @pytest.fixture
-async def agent_server(tmp_path: Path, short_dir: Path) -> AsyncIterator[RunningAgent]:
+def spawner_env(request: pytest.FixtureRequest, subreaper: Path) -> dict[str, str]:
+    """How the agent starts commands: through the bundle's subreaper, as in a sandbox; a test
+    parametrized (indirectly) with ``"preexec_fn"`` gets the agent as run from source."""
+    if getattr(request, "param", "subreaper") == "preexec_fn":
+        return {}
+    return {SUBREAPER_ENV: str(subreaper)}
+
+
+BOTH_SPAWNERS = pytest.mark.parametrize("spawner_env", ["subreaper", "preexec_fn"], indirect=True)
+
+
+@pytest.fixture
+async def agent_server(
+    tmp_path: Path, short_dir: Path, spawner_env: dict[str, str]
+) -> AsyncIterator[RunningAgent]:
     workdir = tmp_path / "workspace"
     socket = str(short_dir / "agent.sock")
-    process = start_agent(
-        [*HOST_AGENT],
-        f"unix:{socket}",
-        {},
-        workdir,
-    )
+    process = start_agent([*HOST_AGENT], f"unix:{socket}", spawner_env, workdir)
     running = RunningAgent(socket, TOKEN, workdir, process)
     async with running.client() as client:
         await client.wait_ready(15)

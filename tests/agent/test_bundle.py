@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import sys
 import threading
 from collections.abc import AsyncIterator
@@ -76,7 +77,30 @@ def test_launch_argv() -> None:
     assert bundle.launch_argv(machine="x86_64")[-1] == "unix:/run/orchard/agent.sock"
     with pytest.raises(errors.NotSupported, match="no agent bundle for machine 'riscv64'"):
         bundle.launch_argv(machine="riscv64")
-    assert bundle.launch_env("/m") == {}
+    assert bundle.launch_env("/m") == {"ORCHARD_AGENT_SUBREAPER": "/m/bin/orchard-subreaper"}
+
+
+def program_headers(elf: bytes) -> list[int]:
+    """The types of a 64-bit little-endian ELF file's program headers."""
+    assert elf[:4] == b"\x7fELF" and elf[4] == 2 and elf[5] == 1
+    (phoff,) = struct.unpack_from("<Q", elf, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
+    return [struct.unpack_from("<I", elf, phoff + i * phentsize)[0] for i in range(phnum)]
+
+
+def test_the_subreaper_is_static(built: Path) -> None:
+    """It must run in an image without any libc (it is the first process of every command)."""
+    subreaper = built / bundle.SUBREAPER
+    assert os.access(subreaper, os.X_OK)
+    pt_interp = 3
+    assert pt_interp not in program_headers(subreaper.read_bytes())
+
+
+def test_a_bundle_needs_a_c_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bundle.shutil, "which", lambda name: None)
+    with pytest.raises(errors.NotSupported, match="needs a C compiler") as caught:
+        bundle.build_subreaper(tmp_path / "orchard-subreaper")
+    assert caught.value.hint is not None and "gcc" in caught.value.hint
 
 
 def test_verify_catches_a_library_taken_from_the_host(built: Path, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import pytest
 from orchard_env import errors
 from orchard_env.agent.client import AgentClient, Exit, Output
 from tests.agent.conftest import (
+    BOTH_SPAWNERS,
     TOKEN,
     RunningAgent,
     UnixProxy,
@@ -114,6 +115,7 @@ async def test_missing_cwd_is_an_error_not_a_fallback(agent: AgentClient) -> Non
     assert caught.value.message == "cwd /no/such/dir does not exist"
 
 
+@BOTH_SPAWNERS
 async def test_missing_binary_reports_its_name_with_exit_127(agent: AgentClient) -> None:
     result = await collect(agent.exec("argv", ["no-such-binary-xyz", "--flag"]))
     assert result.exit.exit_code == 127
@@ -121,6 +123,25 @@ async def test_missing_binary_reports_its_name_with_exit_127(agent: AgentClient)
     shell = await collect(agent.exec("shell", "no-such-binary-xyz"))
     assert shell.exit.exit_code == 127
     assert b"no-such-binary-xyz" in shell.stderr
+
+
+@BOTH_SPAWNERS
+async def test_a_file_that_cannot_be_executed_exits_126(
+    agent: AgentClient, agent_server: RunningAgent
+) -> None:
+    script = agent_server.workdir / "not-executable"
+    script.write_text("echo ran\n")  # no x bit: root cannot exec it either
+    named = await collect(agent.exec("named", [str(script)]))
+    assert (named.exit.exit_code, named.exit.error) == (126, f"permission denied: {script}")
+    # looked up on PATH: a candidate that cannot run is passed over for a later one, and
+    # when none runs, the first error other than "not found" is the one reported (as
+    # CPython's own lookup does)
+    (agent_server.workdir / "true").write_text("")
+    path = f"/no/such:{agent_server.workdir}"
+    none = await collect(agent.exec("none", ["true"], env={"PATH": f"{path}:/no/such/either"}))
+    assert (none.exit.exit_code, none.exit.error) == (126, "permission denied: true")
+    fine = await collect(agent.exec("fine", ["true"], env={"PATH": f"{path}:/bin"}))
+    assert fine.exit.exit_code == 0 and fine.exit.error is None
 
 
 async def test_stdin_is_fed_to_the_command(agent: AgentClient) -> None:
@@ -164,6 +185,7 @@ ESCAPEES = (
 )
 
 
+@BOTH_SPAWNERS
 async def test_cancel_and_timeout_kill_setsid_nohup_and_orphaned_descendants(
     agent: AgentClient,
 ) -> None:
@@ -186,6 +208,7 @@ async def test_cancel_and_timeout_kill_setsid_nohup_and_orphaned_descendants(
         await poll_until(lambda pid=pid: process_gone(pid), f"descendant {pid} is killed")
 
 
+@BOTH_SPAWNERS
 async def test_background_processes_of_a_command_that_exits_stay(agent: AgentClient) -> None:
     result = await collect(agent.exec("server", "setsid sleep 300 >/dev/null 2>&1 & echo $!"))
     assert result.exit.exit_code == 0
@@ -201,6 +224,7 @@ def oom_score_adj(pid: int) -> int:
         return int(source.read())
 
 
+@BOTH_SPAWNERS
 async def test_commands_are_likelier_oom_victims_than_the_agent(agent: AgentClient) -> None:
     events = agent.exec("oom", "echo $$; exec sleep 60")
     first = await anext(events)

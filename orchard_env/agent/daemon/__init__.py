@@ -12,7 +12,9 @@ is imported when first needed). The bundle ships this package as ``orchard_agent
 It takes the sandbox's key (and the sandbox's environment for commands) from the
 orchestrator's ``POST /enroll``, never from its environment, and makes itself non-dumpable
 (:mod:`.proof`, :func:`.server.become_undumpable`).
-``ORCHARD_AGENT_WORKDIR`` (default ``/workspace``) is where relative paths and commands start.
+``ORCHARD_AGENT_WORKDIR`` (default ``/workspace``) is where relative paths and commands start;
+``ORCHARD_AGENT_SUBREAPER`` names the bundle's ``orchard-subreaper``, which starts each command
+(without it, as when run from source, a command is made a subreaper in CPython's forked child).
 
 Modules: :mod:`.init` (PID 1's reaper), :mod:`.http` (requests, responses, errors),
 :mod:`.fdio` (non-blocking fd I/O), :mod:`.procs` (how commands are started and reaped),

@@ -246,16 +246,14 @@ class Job:
         quiet = login_shell and argv[1] == "--login"
         self._oom_kills_before = oom_kills()
         try:
-            proc = subprocess.Popen(
+            proc = self.table.procs.spawn(
                 argv,
+                (err_w,) if quiet else (),
                 cwd=cwd,
                 env=env,
                 stdin=in_r if in_r is not None else subprocess.DEVNULL,
                 stdout=out_w,
                 stderr=subprocess.DEVNULL if quiet else err_w,
-                pass_fds=(err_w,) if quiet else (),
-                start_new_session=True,
-                preexec_fn=self.table.procs.preexec,
             )
         except OSError as exc:
             for fd in (out_r, err_r, in_w):

@@ -11,6 +11,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,8 @@ from .http import log
 OWN_ENV_PREFIX = "ORCHARD_AGENT_"
 LAUNCHER_ENV = ("PYTHONHOME", "PYTHONPATH", "PYTHONNOUSERSITE", "LD_LIBRARY_PATH")
 OOM_SCORE_BOOST = 500  # commands are this much likelier OOM victims than the agent itself
+# The bundle's orchard-subreaper (see orchard_env/agent/subreaper.c), set by the launcher.
+SUBREAPER = os.environ.get(OWN_ENV_PREFIX + "SUBREAPER", "")
 
 
 class Processes:
@@ -36,6 +39,41 @@ class Processes:
     def preexec(self) -> Callable[[], None] | None:
         """:func:`subreaper_hook`, made at the first command (ctypes is not loaded before)."""
         return subreaper_hook()
+
+    def spawn(
+        self, argv: list[str], pass_fds: tuple[int, ...], **options: Any
+    ) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in a session of its own, its first process a child subreaper:
+        through :data:`SUBREAPER` when the agent has one, which CPython starts with
+        ``vfork()``, else with :attr:`preexec` (a ``preexec_fn`` makes CPython ``fork()`` the
+        whole agent). Raises :class:`OSError` as ``Popen`` does when the command cannot start;
+        returns once it has been exec'd."""
+        if not SUBREAPER:
+            return subprocess.Popen(
+                argv, pass_fds=pass_fds, start_new_session=True, preexec_fn=self.preexec, **options
+            )
+        status_r, status_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [SUBREAPER, str(status_w), *argv],
+                pass_fds=(*pass_fds, status_w),
+                start_new_session=True,
+                **options,
+            )
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(status_w)
+        try:
+            status = os.read(status_r, 4)  # end-of-file: the command was exec'd
+        finally:
+            os.close(status_r)
+        if not status:
+            return proc
+        proc.wait()  # the subreaper wrote why it could not exec, and is exiting
+        error = int.from_bytes(status, sys.byteorder)
+        raise OSError(error, os.strerror(error), argv[0])
 
     def expose_to_oom_killer(self, pid: int) -> None:
         """Make a command a likelier OOM victim than the agent (raising needs no privilege):
