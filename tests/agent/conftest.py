@@ -173,14 +173,20 @@ def subreaper(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def spawner_env(request: pytest.FixtureRequest, subreaper: Path) -> dict[str, str]:
-    """How the agent starts commands: through the bundle's subreaper, as in a sandbox; a test
-    parametrized (indirectly) with ``"preexec_fn"`` gets the agent as run from source."""
-    if getattr(request, "param", "subreaper") == "preexec_fn":
+    """How the agent starts commands: through the bundle's subreaper, as in a sandbox. A test
+    parametrized with :data:`EVERY_SPAWNER` also gets the agent as run from source
+    (``preexec_fn``) and one launched as if its bundle had no subreaper (an older bundle)."""
+    how = getattr(request, "param", "subreaper")
+    if how == "preexec_fn":
         return {}
+    if how == "subreaper missing":
+        return {SUBREAPER_ENV: str(subreaper.with_name("no-such-subreaper"))}
     return {SUBREAPER_ENV: str(subreaper)}
 
 
-BOTH_SPAWNERS = pytest.mark.parametrize("spawner_env", ["subreaper", "preexec_fn"], indirect=True)
+EVERY_SPAWNER = pytest.mark.parametrize(
+    "spawner_env", ["subreaper", "preexec_fn", "subreaper missing"], indirect=True
+)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 from orchard_env import errors
 from orchard_env.agent.client import AgentClient, Exit, Output
 from tests.agent.conftest import (
-    BOTH_SPAWNERS,
+    EVERY_SPAWNER,
     TOKEN,
     RunningAgent,
     UnixProxy,
@@ -115,7 +115,7 @@ async def test_missing_cwd_is_an_error_not_a_fallback(agent: AgentClient) -> Non
     assert caught.value.message == "cwd /no/such/dir does not exist"
 
 
-@BOTH_SPAWNERS
+@EVERY_SPAWNER
 async def test_missing_binary_reports_its_name_with_exit_127(agent: AgentClient) -> None:
     result = await collect(agent.exec("argv", ["no-such-binary-xyz", "--flag"]))
     assert result.exit.exit_code == 127
@@ -125,7 +125,27 @@ async def test_missing_binary_reports_its_name_with_exit_127(agent: AgentClient)
     assert b"no-such-binary-xyz" in shell.stderr
 
 
-@BOTH_SPAWNERS
+@pytest.mark.parametrize(
+    ("spawner_env", "forks_the_agent"),
+    [("subreaper", False), ("preexec_fn", True), ("subreaper missing", True)],
+    indirect=["spawner_env"],
+)
+async def test_commands_start_through_the_subreaper_when_the_bundle_has_one(
+    agent: AgentClient, agent_server: RunningAgent, forks_the_agent: bool
+) -> None:
+    """The ``preexec_fn`` that makes a command a subreaper without the bundle's subreaper
+    needs ctypes (for ``prctl``): an agent that loaded it started a command that way."""
+    assert (await collect(agent.exec("one", ["true"]))).exit.exit_code == 0
+    assert ("_ctypes" in mapped_files(agent_server.process.pid)) is forks_the_agent
+
+
+def mapped_files(pid: int) -> str:
+    """``/proc/<pid>/maps``: what the process has mapped."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return maps.read()
+
+
+@EVERY_SPAWNER
 async def test_a_file_that_cannot_be_executed_exits_126(
     agent: AgentClient, agent_server: RunningAgent
 ) -> None:
@@ -185,7 +205,7 @@ ESCAPEES = (
 )
 
 
-@BOTH_SPAWNERS
+@EVERY_SPAWNER
 async def test_cancel_and_timeout_kill_setsid_nohup_and_orphaned_descendants(
     agent: AgentClient,
 ) -> None:
@@ -208,7 +228,7 @@ async def test_cancel_and_timeout_kill_setsid_nohup_and_orphaned_descendants(
         await poll_until(lambda pid=pid: process_gone(pid), f"descendant {pid} is killed")
 
 
-@BOTH_SPAWNERS
+@EVERY_SPAWNER
 async def test_background_processes_of_a_command_that_exits_stay(agent: AgentClient) -> None:
     result = await collect(agent.exec("server", "setsid sleep 300 >/dev/null 2>&1 & echo $!"))
     assert result.exit.exit_code == 0
@@ -224,7 +244,7 @@ def oom_score_adj(pid: int) -> int:
         return int(source.read())
 
 
-@BOTH_SPAWNERS
+@EVERY_SPAWNER
 async def test_commands_are_likelier_oom_victims_than_the_agent(agent: AgentClient) -> None:
     events = agent.exec("oom", "echo $$; exec sleep 60")
     first = await anext(events)

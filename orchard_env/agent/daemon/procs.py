@@ -21,8 +21,20 @@ from .http import log
 OWN_ENV_PREFIX = "ORCHARD_AGENT_"
 LAUNCHER_ENV = ("PYTHONHOME", "PYTHONPATH", "PYTHONNOUSERSITE", "LD_LIBRARY_PATH")
 OOM_SCORE_BOOST = 500  # commands are this much likelier OOM victims than the agent itself
-# The bundle's orchard-subreaper (see orchard_env/agent/subreaper.c), set by the launcher.
-SUBREAPER = os.environ.get(OWN_ENV_PREFIX + "SUBREAPER", "")
+
+
+def find_subreaper() -> str:
+    """The bundle's ``orchard-subreaper`` (orchard_env/agent/subreaper.c), as the launcher
+    names it; "" without one, or when it names a file that cannot run (a bundle older than
+    the orchestrator that launched it): commands then start through a ``preexec_fn``."""
+    path = os.environ.get(OWN_ENV_PREFIX + "SUBREAPER", "")
+    if path and not os.access(path, os.X_OK):
+        log(f"no subreaper at {path}: commands start through a preexec_fn")
+        return ""
+    return path
+
+
+SUBREAPER = find_subreaper()
 
 
 class Processes:
