@@ -82,6 +82,12 @@ async def poll_until(check: Callable[[], bool], what: str, limit: float = 10.0) 
         await asyncio.sleep(0.02)
 
 
+def mapped_files(pid: int) -> str:
+    """``/proc/<pid>/maps``: what the process has mapped."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return maps.read()
+
+
 def process_gone(pid: int) -> bool:
     """True once ``pid`` no longer runs (exited, or a zombie waiting to be reaped)."""
     try:

@@ -19,10 +19,16 @@ import docker.types
 import pytest
 
 from orchard_env import errors
-from orchard_env.agent.bundle import BUNDLE_MOUNT, RUN_DIR_MOUNT, SOCKET_NAME, launch_argv
+from orchard_env.agent.bundle import (
+    BUNDLE_MOUNT,
+    RUN_DIR_MOUNT,
+    SOCKET_NAME,
+    launch_argv,
+    launch_env,
+)
 from orchard_env.agent.client import AgentClient
 from orchard_env.orchestrator.backends.docker_engine import LABEL_CREATED_BY, LABEL_INSTANCE
-from tests.agent.conftest import TOKEN, collect
+from tests.agent.conftest import TOKEN, collect, mapped_files
 from tests.agent.test_pty import read_until, session, until_exit
 
 pytestmark = pytest.mark.engine
@@ -57,7 +63,11 @@ def sandbox(
         command=[],
         name=f"orchard-agent-test-{uuid.uuid4().hex[:8]}",
         user=user,
-        environment={"ORCHARD_AGENT_TOKEN": TOKEN, "ORCHARD_AGENT_WORKDIR": workdir},
+        environment={
+            **launch_env(BUNDLE_MOUNT),
+            "ORCHARD_AGENT_TOKEN": TOKEN,
+            "ORCHARD_AGENT_WORKDIR": workdir,
+        },
         mounts=[
             docker.types.Mount(BUNDLE_MOUNT, str(agent_bundle), type="bind", read_only=True),
             docker.types.Mount(RUN_DIR_MOUNT, str(run_dir), type="bind"),
@@ -143,13 +153,19 @@ async def assert_gone(agent: AgentClient, pid: int, what: str) -> None:
     raise AssertionError(f"the setsid orphan {pid} survived {what}")
 
 
-async def test_timeout_kills_setsid_descendants_in_busybox(agent_in_busybox: AgentClient) -> None:
-    """The bundled agent (ctypes for prctl included) makes each command a subreaper in any
-    image: a double-forked ``setsid`` orphan is still killed with its command."""
+async def test_timeout_kills_setsid_descendants_in_busybox(
+    sandbox: Sandbox, agent_in_busybox: AgentClient
+) -> None:
+    """The bundle's static ``orchard-subreaper`` makes each command a subreaper in any image,
+    even one without a libc: a double-forked ``setsid`` orphan is still killed with its
+    command (and the agent never needed ctypes, which only its ``preexec_fn`` fallback loads)."""
     agent = agent_in_busybox
     result = await collect(agent.exec("escape", f"{ESCAPE}; sleep 300", timeout=2))
     assert result.exit.timed_out
     await assert_gone(agent, escaped_pid(result.stdout), "its command's timeout")
+    sandbox.container.reload()
+    agent_pid = sandbox.container.attrs["State"]["Pid"]  # the agent is the container's PID 1
+    assert "_ctypes" not in mapped_files(agent_pid)
 
 
 @pytest.mark.parametrize("end", ["kill", "close", "disconnect"])

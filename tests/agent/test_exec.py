@@ -23,6 +23,7 @@ from tests.agent.conftest import (
     RunningAgent,
     UnixProxy,
     collect,
+    mapped_files,
     poll_until,
     process_gone,
     start_agent,
@@ -137,12 +138,6 @@ async def test_commands_start_through_the_subreaper_when_the_bundle_has_one(
     needs ctypes (for ``prctl``): an agent that loaded it started a command that way."""
     assert (await collect(agent.exec("one", ["true"]))).exit.exit_code == 0
     assert ("_ctypes" in mapped_files(agent_server.process.pid)) is forks_the_agent
-
-
-def mapped_files(pid: int) -> str:
-    """``/proc/<pid>/maps``: what the process has mapped."""
-    with open(f"/proc/{pid}/maps") as maps:
-        return maps.read()
 
 
 @EVERY_SPAWNER
