@@ -141,6 +141,15 @@ async def test_commands_start_through_the_subreaper_when_the_bundle_has_one(
 
 
 @EVERY_SPAWNER
+async def test_a_command_holds_no_descriptor_of_the_agent(agent: AgentClient) -> None:
+    """Only stdin, stdout and stderr: a command holding the subreaper's status pipe could keep
+    the agent waiting for its end, and one holding the agent's sockets could speak for it."""
+    listed = await collect(agent.exec("fds", ["/bin/sh", "-c", "ls /proc/$$/fd"]))
+    assert listed.exit.exit_code == 0, listed.stderr
+    assert sorted(listed.stdout.split()) == [b"0", b"1", b"2"]
+
+
+@EVERY_SPAWNER
 async def test_a_file_that_cannot_be_executed_exits_126(
     agent: AgentClient, agent_server: RunningAgent
 ) -> None:
