@@ -11,13 +11,14 @@ import pytest
 
 from orchard_env.agent.daemon import jobs, spool
 from orchard_env.agent.daemon.jobs import Job, JobTable
+from orchard_env.agent.daemon.loop import Loop
 from orchard_env.agent.daemon.procs import Processes
 
 
 @pytest.fixture
 def table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> JobTable:
     monkeypatch.setenv(spool.SPOOL_ENV, str(tmp_path))
-    return JobTable(Processes())
+    return JobTable(Processes(Loop()))
 
 
 def finish(table: JobTable, job_id: str, output: bytes) -> Job:

@@ -16,8 +16,12 @@ orchestrator's ``POST /enroll``, never from its environment, and makes itself no
 ``ORCHARD_AGENT_SUBREAPER`` names the bundle's ``orchard-subreaper``, which starts each command
 (without it, as when run from source, a command is made a subreaper in CPython's forked child).
 
-Modules: :mod:`.init` (PID 1's reaper), :mod:`.http` (requests, responses, errors),
-:mod:`.fdio` (non-blocking fd I/O), :mod:`.procs` (how commands are started and reaped),
+Threads, not asyncio (whose import costs every sandbox's start): the main thread runs the
+loop that owns the jobs and the children, each connection has a thread of its own.
+
+Modules: :mod:`.init` (PID 1's reaper), :mod:`.loop` (the event loop), :mod:`.http`
+(connections, requests, responses, errors), :mod:`.procs` (how commands are started and
+reaped),
 :mod:`.jobs` (exec jobs and their output), :mod:`.files` (the file routes),
 :mod:`.websocket` and :mod:`.pty` (terminals), :mod:`.proof` (the MACs of requests and
 answers), :mod:`.server` (routes, enrollment, auth, entry).

@@ -16,7 +16,7 @@ def iso_utc(ns: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{rest // 1000:06d}Z"
 
 
-async def read_file(req: Request, path: str) -> None:
+def read_file(req: Request, path: str) -> None:
     """Stream a regular file (Content-Length from fstat)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -30,7 +30,7 @@ async def read_file(req: Request, path: str) -> None:
             raise invalid(f"{path} is a directory")
         if not stat.S_ISREG(info.st_mode):
             raise invalid(f"{path} is not a regular file")
-        req.writer.write(
+        req.conn.write(
             req.head(
                 200,
                 [
@@ -46,13 +46,12 @@ async def read_file(req: Request, path: str) -> None:
             if not chunk:
                 raise ConnectionResetError(f"{path} shrank while it was being sent")
             left -= len(chunk)
-            req.writer.write(chunk)
-            await req.writer.drain()
+            req.conn.write(chunk)
     finally:
         os.close(fd)
 
 
-async def write_file(req: Request, path: str, umask: int) -> None:
+def write_file(req: Request, path: str, umask: int) -> None:
     """Write the body to a temporary file beside ``path``, then rename it over ``path``."""
     mode_text = req.query.get("mode")
     mode: int | None = None
@@ -83,7 +82,7 @@ async def write_file(req: Request, path: str, umask: int) -> None:
     size = 0
     try:
         try:
-            async for chunk in req.body():
+            for chunk in req.body():
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(fd, view) :]
@@ -98,10 +97,10 @@ async def write_file(req: Request, path: str, umask: int) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
-    await req.send_json(200, {"path": path, "size": size})
+    req.send_json(200, {"path": path, "size": size})
 
 
-async def list_dir(req: Request, path: str) -> None:
+def list_dir(req: Request, path: str) -> None:
     try:
         names = sorted(os.listdir(path))
     except NotADirectoryError:
@@ -134,10 +133,10 @@ async def list_dir(req: Request, path: str) -> None:
                 "modified": iso_utc(info.st_mtime_ns),
             }
         )
-    await req.send_json(200, entries)
+    req.send_json(200, entries)
 
 
-async def delete_path(req: Request, path: str) -> None:
+def delete_path(req: Request, path: str) -> None:
     recursive = req.flag("recursive", False)
     if path == "/":
         raise invalid("refusing to delete /")
@@ -157,10 +156,10 @@ async def delete_path(req: Request, path: str) -> None:
                 409, "conflict", f"directory {path} is not empty (pass recursive=true)"
             ) from None
         raise os_error(exc, path, "deleting") from None
-    await req.send_json(200, {"deleted": path})
+    req.send_json(200, {"deleted": path})
 
 
-async def make_dir(req: Request, path: str) -> None:
+def make_dir(req: Request, path: str) -> None:
     try:
         if req.flag("parents", True):
             os.makedirs(path, exist_ok=True)
@@ -170,7 +169,7 @@ async def make_dir(req: Request, path: str) -> None:
         raise HTTPError(409, "conflict", f"{path} already exists") from None
     except OSError as exc:
         raise os_error(exc, path, "creating") from None
-    await req.send_json(200, {"path": path})
+    req.send_json(200, {"path": path})
 
 
 # PTY

@@ -1,15 +1,17 @@
-"""HTTP/1.1 for the agent: request parsing (bodies streamed), responses, and the error type
-every route raises (answered as ``{"code", "message"}`` JSON)."""
+"""HTTP/1.1 for the agent: connections (blocking, one thread each), request parsing (bodies
+streamed), responses, and the error type every route raises (answered as ``{"code",
+"message"}`` JSON)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import os
+import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from typing import Any
 
 from . import proof
@@ -65,6 +67,90 @@ def os_error(exc: OSError, path: str, action: str) -> HTTPError:
     return invalid(f"{action} {path} failed: {exc.strerror or exc}")
 
 
+class IncompleteRead(ConnectionError):
+    """The peer closed the connection before what was being read was complete."""
+
+    def __init__(self, partial: bytes) -> None:
+        super().__init__(f"connection closed after {len(partial)} bytes")
+        self.partial = partial
+
+
+class Conn:
+    """One blocking connection, read through a buffer (at most ``limit`` bytes are buffered
+    while looking for a separator) and written whole."""
+
+    def __init__(self, sock: socket.socket, limit: int = MAX_HEADER_BYTES) -> None:
+        self.sock = sock
+        self.limit = limit
+        self.buffer = bytearray()
+        self.eof = False
+        self.closed = False
+
+    def _fill(self) -> bool:
+        """Read more into the buffer; False at end of stream."""
+        if self.eof:
+            return False
+        data = self.sock.recv(FILE_CHUNK)
+        if not data:
+            self.eof = True
+            return False
+        self.buffer += data
+        return True
+
+    def readuntil(self, separator: bytes) -> bytes:
+        """Up to and including ``separator``; :class:`IncompleteRead` at end of stream, and
+        :class:`HTTPError` 400 when it is not within ``limit`` bytes."""
+        start = 0
+        while True:
+            found = self.buffer.find(separator, start)
+            if found >= 0:
+                end = found + len(separator)
+                data = bytes(self.buffer[:end])
+                del self.buffer[:end]
+                return data
+            if len(self.buffer) > self.limit:
+                raise invalid(f"request head is over {self.limit} bytes")
+            start = max(len(self.buffer) - len(separator) + 1, 0)
+            if not self._fill():
+                partial = bytes(self.buffer)
+                self.buffer.clear()
+                raise IncompleteRead(partial)
+
+    def read(self, size: int) -> bytes:
+        """Up to ``size`` bytes (what is buffered first); empty at end of stream."""
+        if not self.buffer and not self._fill():
+            return b""
+        data = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        return data
+
+    def readexactly(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            if not self._fill():
+                partial = bytes(self.buffer)
+                self.buffer.clear()
+                raise IncompleteRead(partial)
+        data = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        return data
+
+    def write(self, *parts: bytes) -> None:
+        self.sock.sendall(parts[0] if len(parts) == 1 else b"".join(parts))
+
+    def write_eof(self) -> None:
+        with contextlib.suppress(OSError):  # gone already
+            self.sock.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        """Shut the connection down, then close it: a thread still blocked reading it wakes
+        (a bare close would leave it blocked, or reading whatever reuses the descriptor)."""
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(OSError):  # the peer is gone already
+                self.sock.shutdown(socket.SHUT_RDWR)
+            self.sock.close()
+
+
 def unquote(text: str, plus: bool = False) -> str:
     """Percent-decoding as ``urllib.parse.unquote`` (``+`` as a space with ``plus``, as in a
     query): UTF-8, malformed escapes kept as they are. urllib.parse itself (and ipaddress,
@@ -100,15 +186,13 @@ class Request:
 
     def __init__(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        conn: Conn,
         method: str,
         target: str,
         version: str,
         headers: dict[str, str],
     ) -> None:
-        self.reader = reader
-        self.writer = writer
+        self.conn = conn
         self.method = method
         self.version = version
         self.headers = headers
@@ -141,20 +225,20 @@ class Request:
 
     # request body
 
-    async def body(self) -> AsyncIterator[bytes]:
+    def body(self) -> Iterator[bytes]:
         """The request body, streamed (Content-Length or chunked)."""
         if self.body_done:
             return
         if "100-continue" in self.headers.get("expect", "").lower() and not self.started:
-            self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         received = hashlib.sha256()
         if self.chunked_body:
-            async for chunk in self._chunked():
+            for chunk in self._chunked():
                 received.update(chunk)
                 yield chunk
         else:
             while self.remaining:
-                chunk = await self.reader.read(min(self.remaining, FILE_CHUNK))
+                chunk = self.conn.read(min(self.remaining, FILE_CHUNK))
                 if not chunk:
                     raise ConnectionResetError("client closed the connection mid-body")
                 self.remaining -= len(chunk)
@@ -170,30 +254,30 @@ class Request:
             self.keep_alive = False
             raise HTTPError(401, "unauthenticated", "the request body is not the one signed")
 
-    async def _chunked(self) -> AsyncIterator[bytes]:
+    def _chunked(self) -> Iterator[bytes]:
         while True:
-            line = await self.reader.readuntil(b"\r\n")
+            line = self.conn.readuntil(b"\r\n")
             try:
                 size = int(line.split(b";", 1)[0].strip(), 16)
             except ValueError:
                 raise invalid("bad chunk size in the request body") from None
             if size == 0:
-                while await self.reader.readuntil(b"\r\n") != b"\r\n":
+                while self.conn.readuntil(b"\r\n") != b"\r\n":
                     pass  # trailers are ignored
                 return
             while size:
-                chunk = await self.reader.read(min(size, FILE_CHUNK))
+                chunk = self.conn.read(min(size, FILE_CHUNK))
                 if not chunk:
                     raise ConnectionResetError("client closed the connection mid-body")
                 size -= len(chunk)
                 yield chunk
-            if await self.reader.readexactly(2) != b"\r\n":
+            if self.conn.readexactly(2) != b"\r\n":
                 raise invalid("bad chunk terminator in the request body")
 
-    async def read_body(self, limit: int) -> bytes:
+    def read_body(self, limit: int) -> bytes:
         parts: list[bytes] = []
         total = 0
-        async for chunk in self.body():
+        for chunk in self.body():
             total += len(chunk)
             if total > limit:
                 self.keep_alive = False
@@ -201,8 +285,8 @@ class Request:
             parts.append(chunk)
         return b"".join(parts)
 
-    async def json(self) -> dict[str, Any]:
-        raw = await self.read_body(MAX_JSON_BODY)
+    def json(self) -> dict[str, Any]:
+        raw = self.read_body(MAX_JSON_BODY)
         try:
             value = json.loads(raw or b"{}")
         except ValueError as exc:
@@ -211,8 +295,8 @@ class Request:
             raise invalid("request body must be a JSON object")
         return value
 
-    async def discard_body(self) -> None:
-        async for _ in self.body():
+    def discard_body(self) -> None:
+        for _ in self.body():
             pass
 
     # query parameters
@@ -249,20 +333,19 @@ class Request:
             lines.append("Connection: " + ("keep-alive" if self.keep_alive else "close"))
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
-    async def send_json(self, status: int, payload: Any) -> None:
+    def send_json(self, status: int, payload: Any) -> None:
         body = json.dumps(payload, separators=(",", ":")).encode()
         head = self.head(
             status,
             [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
             proof.digest(body),
         )
-        self.writer.write(head + body)
-        await self.writer.drain()
+        self.conn.write(head + body)
 
     def start_chunked(self, content_type: str) -> None:
         """Start a job stream (its lines proven as a whole by :meth:`end_chunked`)."""
         self._sent = hashlib.sha256()
-        self.writer.write(
+        self.conn.write(
             self.head(
                 200,
                 [("Content-Type", content_type), ("Transfer-Encoding", "chunked")],
@@ -273,29 +356,26 @@ class Request:
     def write_chunk(self, data: bytes) -> None:
         if data:
             self._sent.update(data)
-            self.writer.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
+            self.conn.write(b"%x\r\n" % len(data), data, b"\r\n")
 
     def end_chunked(self) -> None:
         """End a job stream with the proof line over every byte sent before it."""
         if self.key is not None and self.nonce is not None:
             mac = proof.stream_mac(self.key, self.nonce, self._sent.hexdigest())
             line = b'{"t":"p","mac":"%s"}\n' % mac.encode()
-            self.writer.writelines((b"%x\r\n" % len(line), line, b"\r\n"))
-        self.writer.write(b"0\r\n\r\n")
+            self.conn.write(b"%x\r\n" % len(line), line, b"\r\n0\r\n\r\n")
+        else:
+            self.conn.write(b"0\r\n\r\n")
 
 
-async def read_request(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> Request | None:
+def read_request(conn: Conn) -> Request | None:
     """Parse the next request head; None when the client closed the connection cleanly."""
     try:
-        raw = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as exc:
+        raw = conn.readuntil(b"\r\n\r\n")
+    except IncompleteRead as exc:
         if exc.partial.strip():
             raise invalid("incomplete request head") from None
         return None
-    except asyncio.LimitOverrunError:
-        raise invalid(f"request head is over {MAX_HEADER_BYTES} bytes") from None
     lines = raw.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
@@ -310,7 +390,7 @@ async def read_request(
         key = name.strip().lower()
         value = value.strip()
         headers[key] = f"{headers[key]}, {value}" if key in headers else value
-    return Request(reader, writer, parts[0], parts[1], parts[2], headers)
+    return Request(conn, parts[0], parts[1], parts[2], headers)
 
 
 def string_map(value: Any, field: str) -> dict[str, str]:

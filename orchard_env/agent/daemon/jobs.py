@@ -3,16 +3,17 @@ replays, and the table of jobs the agent remembers (bounded by age, count and by
 
 from __future__ import annotations
 
-import asyncio
 import base64
+import functools
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
 
-from .fdio import write_fd
 from .http import HTTPError
+from .loop import Timer
 from .procs import Processes, build_argv, exit_fields, kill_tree, oom_kills, spawn_failure
 from .spool import Budget, EventLog, TailRing, spool_dir
 
@@ -27,7 +28,8 @@ CANCELLED_AHEAD_KEEP = 1024  # ids cancelled before their exec arrived, remember
 
 
 class JobTable:
-    """The jobs this agent knows by id: running ones, and finished ones for a while."""
+    """The jobs this agent knows by id: running ones, and finished ones for a while. Used on
+    the agent's loop only (see :mod:`.loop`)."""
 
     def __init__(self, procs: Processes) -> None:
         self.procs = procs
@@ -114,6 +116,8 @@ class Job:
 
     Output is kept as encoded NDJSON lines in an :class:`EventLog` (the stream every attacher
     replays from the start; memory first, then a spool file) and the final ``x`` line apart.
+    The loop runs the job; attachers' threads read its events through :meth:`next_events`,
+    and :attr:`cond` guards what they read.
     Past half of ``max_output`` bytes a stream's output goes to a :class:`TailRing` of the
     other half, emitted when the command has ended; the ``x`` line says how many bytes fell
     between the two (``dropped``, per stream).
@@ -135,40 +139,46 @@ class Job:
         self.done = False
         self.finished_at = 0.0
         self.pgid: int | None = None
+        self.cond = threading.Condition()
         self._oom_kills_before: int | None = None
-        self._exited: asyncio.Future[int] | None = None
-        self._changed: asyncio.Event | None = None
+        self._started = 0.0
+        self._returncode: int | None = None  # the command exited (and was reaped)
         self._fds: list[int | None] = [None, None]
-        self._streams_closed: asyncio.Future[None] | None = None
+        self._stdin: tuple[int, memoryview] | None = None
+        self._timers: list[Timer] = []
 
     # event buffer
 
-    def _wake(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
-
-    async def changed(self) -> None:
-        if self._changed is None:
-            self._changed = asyncio.Event()
-        await self._changed.wait()
+    def next_events(self, offset: int, limit: int) -> tuple[bytes, bytes]:
+        """(events from ``offset``, b"") as soon as there are any, else (b"", the final
+        event) once the job has ended: waits (in an attacher's thread) until one is true."""
+        with self.cond:
+            while True:
+                chunk = self.log.read(offset, limit)
+                if chunk:
+                    return chunk, b""
+                if self.final is not None:
+                    return b"", self.final
+                self.cond.wait()
 
     def drop_output(self) -> int:
         """Free a finished job's output, keeping its final event (marked truncated)."""
         assert self.final is not None
-        freed = self.log.size
-        self.log.close()
-        final = json.loads(self.final)
-        final["truncated"] = True
-        self.final = json.dumps(final, separators=(",", ":")).encode() + b"\n"
+        with self.cond:
+            freed = self.log.size
+            self.log.close()
+            final = json.loads(self.final)
+            final["truncated"] = True
+            self.final = json.dumps(final, separators=(",", ":")).encode() + b"\n"
         return freed
 
     def _output(self, index: int, data: bytes) -> None:
         kind = b"o" if index == 0 else b"e"
-        if self.log.append(b'{"t":"%s","d":"%s"}\n' % (kind, base64.b64encode(data))):
-            self._wake()
-        else:
-            self.dropped[index] += len(data)
+        with self.cond:
+            if self.log.append(b'{"t":"%s","d":"%s"}\n' % (kind, base64.b64encode(data))):
+                self.cond.notify_all()
+            else:
+                self.dropped[index] += len(data)
 
     def _emit(self, index: int, data: bytes) -> None:
         room = max(self.head_cap - self.sizes[index], 0)
@@ -213,11 +223,12 @@ class Job:
             "error": error,
             "duration": round(time.monotonic() - started, 6),
         }
-        self.final = json.dumps(final, separators=(",", ":")).encode() + b"\n"
+        with self.cond:
+            self.final = json.dumps(final, separators=(",", ":")).encode() + b"\n"
+            self.cond.notify_all()
         self.done = True
         self.finished_at = time.monotonic()
         self.pgid = None
-        self._wake()
         self.table.job_finished(self)
 
     # running
@@ -236,8 +247,8 @@ class Job:
         timeout: float | None,
         stdin: bytes | None,
     ) -> None:
-        """Spawn the command in its own session; output is collected by the event loop."""
-        started = time.monotonic()
+        """Spawn the command in its own session; output is collected by the loop."""
+        started = self._started = time.monotonic()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         in_r, in_w = os.pipe() if stdin is not None else (None, None)
@@ -266,19 +277,43 @@ class Job:
                 if fd is not None:
                     os.close(fd)
         self.pgid = proc.pid
-        self.table.procs.expose_to_oom_killer(proc.pid)
-        loop = asyncio.get_running_loop()
-        self._streams_closed = loop.create_future()
+        procs = self.table.procs
+        procs.expose_to_oom_killer(proc.pid)
         self._fds = [out_r, err_r]
         for index, fd in enumerate((out_r, err_r)):
             os.set_blocking(fd, False)
-            loop.add_reader(fd, self._on_output, index)
-        exited = self._exited = self.table.procs.watch_child(proc)
-        feeder = None
+            procs.loop.add_reader(fd, functools.partial(self._on_output, index))
         if in_w is not None and stdin is not None:
             os.set_blocking(in_w, False)
-            feeder = loop.create_task(feed_stdin(in_w, stdin))
-        self.table.procs.track(loop.create_task(self._wait(exited, started, timeout, feeder)))
+            self._stdin = (in_w, memoryview(stdin))
+            procs.loop.add_writer(in_w, self._feed_stdin)
+        if timeout:
+            self._timers.append(procs.loop.call_later(timeout, self._time_out))
+        procs.watch_child(proc, self._on_exit)
+
+    def _time_out(self) -> None:
+        self.kill("timeout")
+
+    def _feed_stdin(self) -> None:
+        assert self._stdin is not None
+        fd, left = self._stdin
+        try:
+            written = os.write(fd, left)
+        except BlockingIOError:
+            return
+        except OSError:
+            written = len(left)  # the command closed its stdin early
+        if written < len(left):
+            self._stdin = (fd, left[written:])
+        else:
+            self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        if self._stdin is not None:
+            fd = self._stdin[0]
+            self._stdin = None
+            self.table.procs.loop.remove_writer(fd)
+            os.close(fd)
 
     def _on_output(self, index: int) -> None:
         fd = self._fds[index]
@@ -300,38 +335,33 @@ class Job:
         if fd is None:
             return
         self._fds[index] = None
-        asyncio.get_running_loop().remove_reader(fd)
+        self.table.procs.loop.remove_reader(fd)
         os.close(fd)
-        if self._fds == [None, None] and self._streams_closed and not self._streams_closed.done():
-            self._streams_closed.set_result(None)
+        if self._fds == [None, None] and self._returncode is not None:
+            self._ended()
 
-    async def _wait(
-        self,
-        exited: asyncio.Future[int],
-        started: float,
-        time_limit: float | None,
-        feeder: asyncio.Task[None] | None,
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(time_limit, self.kill, "timeout") if time_limit else None
-        try:
-            returncode = await exited
-            assert self._streams_closed is not None
-            if not self._streams_closed.done():
-                # A background child may still hold the pipes: give it a moment, then stop
-                # reading (the command itself is done; its leftovers keep running).
-                try:
-                    await asyncio.wait_for(asyncio.shield(self._streams_closed), EXIT_DRAIN_GRACE)
-                except TimeoutError:
-                    self._drain_and_close()
-        finally:
-            if timer is not None:
-                timer.cancel()
-            if feeder is not None:
-                feeder.cancel()
-        exit_code, sig = exit_fields(returncode)
+    def _on_exit(self, returncode: int) -> None:
+        """The command exited: the job ends once its pipes are closed. A background child
+        may still hold them: it gets a moment, then reading stops (the command itself is
+        done; its leftovers keep running)."""
+        self._returncode = returncode
+        if self._fds == [None, None]:
+            self._ended()
+        else:
+            loop = self.table.procs.loop
+            self._timers.append(loop.call_later(EXIT_DRAIN_GRACE, self._drain_and_close))
+
+    def _ended(self) -> None:
+        assert self._returncode is not None
+        for timer in self._timers:
+            timer.cancel()
+        self._close_stdin()
+        exit_code, sig = exit_fields(self._returncode)
         self._finish(
-            started, exit_code=exit_code, sig=sig, oom_killed=self._oom_killed(exit_code, sig)
+            self._started,
+            exit_code=exit_code,
+            sig=sig,
+            oom_killed=self._oom_killed(exit_code, sig),
         )
 
     def _oom_killed(self, exit_code: int | None, sig: int | None) -> bool:
@@ -363,7 +393,7 @@ class Job:
         out) even while its output drains: its pid is reaped first, so it may be reused by
         now and must never be signalled."""
         self.table.procs.reap()  # a command exited, its SIGCHLD not handled yet: now it is
-        if self.done or self.pgid is None or self._exited is None or self._exited.done():
+        if self.done or self.pgid is None or self._returncode is not None:
             return False
         if reason == "timeout":
             self.timed_out = True
@@ -371,12 +401,3 @@ class Job:
             self.cancelled = True
         kill_tree(self.pgid)
         return True
-
-
-async def feed_stdin(fd: int, data: bytes) -> None:
-    try:
-        await write_fd(fd, data)
-    except OSError:
-        pass  # the command closed its stdin early
-    finally:
-        os.close(fd)

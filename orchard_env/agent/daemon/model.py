@@ -19,16 +19,18 @@ written once at enrollment.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import json
 import os
-from dataclasses import dataclass, field
+import select
+import socket
+import threading
+import time
 from typing import Any
 
 from . import proof
-from .http import HTTPError, Request, invalid, log
+from .http import Conn, HTTPError, Request, invalid, log
 
 CHUNK = 64 * 1024
 RELAY_PATH = "/model/relay"
@@ -73,23 +75,20 @@ def parse(model: Any) -> tuple[str, int, str | None, float, dict[str, str]]:
     return host, int(port), socket_path, float(wait), files
 
 
-@dataclass(eq=False)
 class _Parked:
     """A connection the orchestrator parked, until a harness connection is spliced to it."""
 
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    done: asyncio.Future[None] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+        self.done = threading.Event()
 
     @property
     def alive(self) -> bool:
-        return not self.reader.at_eof() and not self.writer.is_closing()
-
-    def end(self) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
+        """Neither closed nor readable: a parked connection carries nothing until it is
+        paired, so readable means the orchestrator closed it (or broke the protocol)."""
+        if self.conn.closed or self.done.is_set():
+            return False
+        return not select.select([self.conn.sock], [], [], 0)[0]
 
 
 class Relay:
@@ -98,142 +97,151 @@ class Relay:
     def __init__(self, socket_path: str | None, wait: float) -> None:
         self.socket_path = socket_path
         self.wait = wait
-        self.server: asyncio.Server | None = None
+        self.lock = threading.Condition()
         self._parked: collections.deque[_Parked] = collections.deque()
-        self._waiting: collections.deque[asyncio.Future[_Parked]] = collections.deque()
+        self._waiting = 0  # harness connections waiting for a parked one
 
-    async def park(self, req: Request) -> None:
+    def park(self, req: Request) -> None:
         """``POST /model/relay``: hold this connection for the next harness connection."""
         if self.socket_path is not None:
             message = "this agent relays model calls to its socket, not over parked connections"
             raise HTTPError(409, "conflict", message)
         req.keep_alive = False
-        req.writer.write(
+        req.conn.write(
             req.head(101, [("Upgrade", RELAY_PROTOCOL), ("Connection", "Upgrade")], proof.UPGRADE)
         )
-        await req.writer.drain()
-        parked = _Parked(req.reader, req.writer)
-        # Parks whose orchestrator went away (it closed them, or restarted) leave here.
-        for stale in [p for p in self._parked if not p.alive]:
-            self._parked.remove(stale)
-            stale.end()
-        while self._waiting:
-            waiter = self._waiting.popleft()
-            if not waiter.done():
-                waiter.set_result(parked)
-                break
-        else:
+        parked = _Parked(req.conn)
+        with self.lock:
+            # Parks whose orchestrator went away (it closed them, or restarted) leave here.
+            for stale in [p for p in self._parked if not p.alive]:
+                self._parked.remove(stale)
+                stale.done.set()
             self._parked.append(parked)
-        try:
-            await parked.done
-        finally:
-            with contextlib.suppress(ValueError):
-                self._parked.remove(parked)
+            self.lock.notify()
+        parked.done.wait()  # this thread holds the connection until its splice has ended
 
-    async def _take(self) -> _Parked | None:
+    def _take(self) -> _Parked | None:
         """A live parked connection, waited for at most ``wait`` seconds; None if none came."""
-        while self._parked:
-            parked = self._parked.popleft()
-            if parked.alive:
-                return parked
-            parked.end()
-        waiter: asyncio.Future[_Parked] = asyncio.get_running_loop().create_future()
-        self._waiting.append(waiter)
-        try:
-            async with asyncio.timeout(self.wait):
-                parked = await waiter
-        except TimeoutError:
-            if waiter.done() and not waiter.cancelled():
-                return waiter.result()  # handed over just as the wait ran out
-            return None
-        finally:
-            with contextlib.suppress(ValueError):
-                self._waiting.remove(waiter)
-        return parked if parked.alive else await self._take()
-
-    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """A harness connection: spliced to the gateway, or answered with why it cannot be."""
-        if self.socket_path is not None:
+        deadline = time.monotonic() + self.wait
+        with self.lock:
+            self._waiting += 1
             try:
-                up_reader, up_writer = await asyncio.open_unix_connection(self.socket_path)
-            except OSError as exc:
-                message = f"the model gateway is not reachable: {exc.strerror}"
-                await _refuse(reader, writer, 502, message)
-                return
-            await _splice(reader, writer, up_reader, up_writer)
-            return
-        if len(self._waiting) >= MAX_WAITING:
-            message = f"{MAX_WAITING} connections wait for the model gateway already"
-            await _refuse(reader, writer, 503, message)
-            return
-        parked = await self._take()
-        if parked is None:
-            message = (
-                f"no connection to the model gateway came free within {self.wait:g} s: too "
-                "many model connections are open in this sandbox, or the gateway is unreachable"
-            )
-            await _refuse(reader, writer, 503, message)
-            return
+                while True:
+                    while self._parked:
+                        parked = self._parked.popleft()
+                        if parked.alive:
+                            return parked
+                        parked.done.set()
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    self.lock.wait(left)
+            finally:
+                self._waiting -= 1
+
+    def connection(self, conn: Conn) -> None:
+        """A harness connection: spliced to the gateway, or answered with why it cannot be."""
         try:
-            parked.writer.write(PAIRED)
-            await _splice(reader, writer, parked.reader, parked.writer)
+            if self.socket_path is not None:
+                up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    up.connect(self.socket_path)
+                except OSError as exc:
+                    up.close()
+                    message = f"the model gateway is not reachable: {exc.strerror}"
+                    _refuse(conn, 502, message)
+                    return
+                _splice(conn, Conn(up))
+                return
+            if self._waiting >= MAX_WAITING:
+                message = f"{MAX_WAITING} connections wait for the model gateway already"
+                _refuse(conn, 503, message)
+                return
+            parked = self._take()
+            if parked is None:
+                message = (
+                    f"no connection to the model gateway came free within {self.wait:g} s: "
+                    "too many model connections are open in this sandbox, or the gateway is "
+                    "unreachable"
+                )
+                _refuse(conn, 503, message)
+                return
+            try:
+                parked.conn.write(PAIRED)
+                _splice(conn, parked.conn)
+            finally:
+                parked.done.set()
+        except OSError:
+            pass  # a connection broke
         finally:
-            parked.end()
+            conn.close()
 
 
-async def start(model: Any) -> Relay:
+def start(model: Any) -> Relay:
     host, port, socket_path, wait, files = parse(model)
     write_files(files)
     relay = Relay(socket_path, wait)
-    relay.server = await asyncio.start_server(relay.connection, host, port, backlog=1024)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen(1024)
+    threading.Thread(target=_accept, args=(listener, relay), daemon=True).start()
     way = socket_path or "parked connections"
     log(f"model gateway relay on {host}:{port} to {way}")
     return relay
 
 
-async def _splice(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    up_reader: asyncio.StreamReader,
-    up_writer: asyncio.StreamWriter,
-) -> None:
+def _accept(listener: socket.socket, relay: Relay) -> None:
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError as exc:  # out of descriptors: wait for some to be freed
+            log(f"model relay accept failed: {exc}")
+            time.sleep(0.1)
+            continue
+        threading.Thread(target=relay.connection, args=(Conn(client),), daemon=True).start()
+
+
+def _splice(conn: Conn, up: Conn) -> None:
+    """Copy both ways until both have ended (each end half-closed as its side finishes)."""
+    upward = threading.Thread(target=_pipe, args=(conn, up), daemon=True)
+    upward.start()
     try:
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        _pipe(up, conn)
+        upward.join()
     finally:
-        up_writer.close()
-        writer.close()
+        up.close()
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+def _pipe(source: Conn, sink: Conn) -> None:
     try:
-        while data := await reader.read(CHUNK):
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()  # half-close: the other way may still be answering
+        while data := source.read(CHUNK):
+            sink.write(data)
+        sink.write_eof()  # half-close: the other way may still be answering
     except OSError:
-        writer.close()
+        sink.close()  # and so the other way ends too
+        source.close()
 
 
-async def _refuse(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, status: int, message: str
-) -> None:
+def _refuse(conn: Conn, status: int, message: str) -> None:
     """Answer ``status`` with ``message`` (OpenAI's error shape, which harnesses show), then
     half-close and swallow what the harness still sends (at most 1 MiB for 1 s): closing
     with its request unread would reset the connection before the answer is read."""
     reason = {502: "Bad Gateway", 503: "Service Unavailable"}[status]
     error = {"message": message, "type": "orchard_gateway_error", "code": status}
     body = json.dumps({"error": error}).encode()
-    writer.write(
+    conn.write(
         b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
         b"content-length: %d\r\n\r\n%b" % (status, reason.encode(), len(body), body)
     )
-    with contextlib.suppress(Exception):
-        await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-        async with asyncio.timeout(1.0):
-            left = 1024 * 1024
-            while left > 0 and (data := await reader.read(CHUNK)):
-                left -= len(data)
-    writer.close()
+    conn.write_eof()
+    deadline = time.monotonic() + 1.0
+    left = 1024 * 1024
+    with contextlib.suppress(OSError):
+        while left > 0 and (remaining := deadline - time.monotonic()) > 0:
+            conn.sock.settimeout(remaining)
+            data = conn.read(CHUNK)
+            if not data:
+                break
+            left -= len(data)

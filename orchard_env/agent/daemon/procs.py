@@ -4,7 +4,6 @@ kills the sandbox's cgroup counts), and how a command's whole tree is killed."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import os
@@ -16,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .http import log
+from .loop import Loop
 
 # Variables that belong to the agent and its launcher, never to the commands it runs.
 OWN_ENV_PREFIX = "ORCHARD_AGENT_"
@@ -38,12 +38,13 @@ SUBREAPER = find_subreaper()
 
 
 class Processes:
-    """The agent's children: a future per child for its return code, resolved from SIGCHLD
-    (:meth:`reap`), the first processes of PTY sessions, and background tasks."""
+    """The agent's children, each with a callback for its return code, called on the loop
+    when SIGCHLD says it exited (:meth:`reap`), and the first processes of PTY sessions."""
 
-    def __init__(self) -> None:
-        self.children: dict[int, tuple[subprocess.Popen[bytes], asyncio.Future[int]]] = {}
-        self.tasks: set[asyncio.Task[None]] = set()
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+        loop.on_child_exit = self.reap
+        self.children: dict[int, tuple[subprocess.Popen[bytes], Callable[[int], None]]] = {}
         self.pty_roots: set[int] = set()
         self.child_oom_score_adj = min(1000, read_oom_score_adj() + OOM_SCORE_BOOST)
 
@@ -93,28 +94,18 @@ class Processes:
         with contextlib.suppress(OSError), open(f"/proc/{pid}/oom_score_adj", "w") as target:
             target.write(str(self.child_oom_score_adj))
 
-    def watch_child(self, proc: subprocess.Popen[bytes]) -> asyncio.Future[int]:
-        """A future for the child's return code, resolved from SIGCHLD (see :meth:`reap`)."""
-        exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    def watch_child(self, proc: subprocess.Popen[bytes], exited: Callable[[int], None]) -> None:
+        """Call ``exited`` with the child's return code once it exits (on the loop)."""
         self.children[proc.pid] = (proc, exited)
-        return exited
+        self.reap()  # it may have exited already, its SIGCHLD handled before it was watched
 
     def reap(self) -> None:
+        """On the loop: reap the children that exited and call their callbacks."""
         for pid, (proc, exited) in list(self.children.items()):
             returncode = proc.poll()
             if returncode is not None:
                 del self.children[pid]
-                if not exited.done():
-                    exited.set_result(returncode)
-
-    def track(self, task: asyncio.Task[None]) -> None:
-        self.tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self.tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log(f"background task failed: {task.exception()!r}")
+                exited(returncode)
 
 
 PR_SET_CHILD_SUBREAPER = 36

@@ -7,19 +7,20 @@ signal frame, the end of the grace after ``close``, a disconnect) kills its whol
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import fcntl
 import json
 import os
+import select
 import signal
 import struct
 import subprocess
 import termios
+import threading
 from collections.abc import Callable
 
-from .fdio import wait_fd, write_fd
 from .http import HTTPError, Request, decode_b64, invalid, string_map
+from .loop import Timer
 from .procs import Processes, build_argv, kill_tree, signal_group, spawn_failure
 from .websocket import WebSocket, accept
 
@@ -35,33 +36,35 @@ PTY_SIGNALS = {
 }
 
 
-async def serve_pty(
+def serve_pty(
     req: Request, procs: Processes, base_env: dict[str, str], resolve: Callable[[str], str]
 ) -> None:
     """The ``GET /pty`` route: upgrade, read the init frame, run the session to its end."""
     ws = accept(req)
+    req.conn.sock.settimeout(PTY_INIT_TIMEOUT)
     try:
-        text = await asyncio.wait_for(ws.recv(), PTY_INIT_TIMEOUT)
+        text = ws.recv()
     except TimeoutError:
-        await ws.close(4400, "init frame not received within 10 s")
+        ws.close(4400, "init frame not received within 10 s")
         return
+    req.conn.sock.settimeout(None)
     if text is None:
         return
     try:
         argv, env, cwd, size = parse_init(text, base_env, resolve)
     except HTTPError as exc:
-        await ws.send_json({"type": "error", "message": exc.message})
-        await ws.close(4400, "bad init frame")
+        ws.send_json({"type": "error", "message": exc.message})
+        ws.close(4400, "bad init frame")
         return
     session = PtySession(procs, ws)
     try:
         session.spawn(argv, env, cwd, size)
     except OSError as exc:
         message = spawn_failure(exc, argv[0], cwd)["error"]
-        await ws.send_json({"type": "error", "message": message})
-        await ws.close(4500, "spawn failed")
+        ws.send_json({"type": "error", "message": message})
+        ws.close(4500, "spawn failed")
         return
-    await session.run()
+    session.run()
 
 
 def parse_init(
@@ -88,15 +91,21 @@ def parse_init(
 
 
 class PtySession:
-    """One command on a pseudo-terminal, driven by the JSON frames of a WebSocket."""
+    """One command on a pseudo-terminal, driven by the JSON frames of a WebSocket: the
+    connection's thread runs the session, one thread receives frames, one forwards output."""
 
     def __init__(self, procs: Processes, ws: WebSocket) -> None:
         self.procs = procs
         self.ws = ws
         self.master = -1
         self.pid = 0
-        self.exited: asyncio.Future[int] | None = None
-        self.kill_timer: asyncio.TimerHandle | None = None
+        self.returncode: int | None = None  # set on the loop when the command exited
+        self.client_gone = False  # the peer closed, or the connection broke
+        self.output_ended = False
+        self.stopping = False
+        self.state = threading.Condition()
+        self.kill_timer: Timer | None = None
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)  # wakes the output thread
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: str, size: tuple[int, int]) -> None:
         master, slave = os.openpty()
@@ -110,7 +119,9 @@ class PtySession:
                 stdout=slave,
                 stderr=slave,
                 start_new_session=True,
-                preexec_fn=self._preexec(),  # the agent runs no threads
+                # The child runs only ioctl and prctl (ctypes loaded beforehand), so the
+                # agent's other threads hold nothing it needs.
+                preexec_fn=self._preexec(),
             )
         except BaseException:
             os.close(master)
@@ -121,8 +132,12 @@ class PtySession:
         self.master = master
         self.pid = proc.pid
         self.procs.expose_to_oom_killer(proc.pid)
-        self.exited = self.procs.watch_child(proc)
-        self.procs.pty_roots.add(proc.pid)
+
+        def watch() -> None:
+            self.procs.pty_roots.add(proc.pid)
+            self.procs.watch_child(proc, self._exited)
+
+        self.procs.loop.call(watch)
 
     def _preexec(self) -> Callable[[], None]:
         """In the child: take the terminal, and become a subreaper as a job's command does."""
@@ -135,93 +150,150 @@ class PtySession:
 
         return preexec
 
+    def _exited(self, returncode: int) -> None:
+        with self.state:
+            self.returncode = returncode
+            self.state.notify_all()
+            self._wake_pump()
+
+    def _wake_pump(self) -> None:
+        if self._wake_w >= 0:  # not after the session's end (a late exit)
+            os.write(self._wake_w, b"x")
+
+    def _update(self, **state: object) -> None:
+        with self.state:
+            for name, value in state.items():
+                setattr(self, name, value)
+            self.state.notify_all()
+
+    def _wait(self, done: Callable[[], bool], timeout: float | None = None) -> None:
+        with self.state:
+            self.state.wait_for(done, timeout)
+
     def kill(self) -> None:
-        """SIGKILL everything the session's command started while it runs (:func:`kill_tree`);
-        once it has exited (and been reaped: its pid may be reused), only its group."""
+        """On the loop: SIGKILL everything the session's command started while it runs
+        (:func:`kill_tree`); once it has exited (and been reaped: its pid may be reused),
+        only its group."""
         self.procs.reap()
-        if self.exited is not None and not self.exited.done():
+        if self.returncode is None:
             kill_tree(self.pid)
         else:
             signal_group(self.pid, signal.SIGKILL)
 
-    async def run(self) -> None:
-        assert self.exited is not None
-        recv = asyncio.ensure_future(self._recv())
-        pump = asyncio.ensure_future(self._pump())
+    def run(self) -> None:
+        receiver = threading.Thread(target=self._recv, daemon=True)
+        pump = threading.Thread(target=self._pump, daemon=True)
         try:
-            await self.ws.send_json({"type": "ready", "pid": self.pid})
-            await asyncio.wait((recv, pump), return_when=asyncio.FIRST_COMPLETED)
-            if pump.done():
+            self.ws.send_json({"type": "ready", "pid": self.pid})
+            receiver.start()
+            pump.start()
+            self._wait(lambda: self.client_gone or self.output_ended)
+            if not self.client_gone:
                 # Output ended (or the command exited): report the exit unless the client left.
-                await asyncio.wait((recv, self.exited), return_when=asyncio.FIRST_COMPLETED)
-                if self.exited.done():
-                    recv.cancel()
-                    await self.ws.send_json({"type": "exit", "code": self.exited.result()})
-                    await self.ws.close(1000)
-        except ConnectionError:
-            pass
+                self._wait(lambda: self.client_gone or self.returncode is not None)
+                if not self.client_gone:
+                    self.ws.send_json({"type": "exit", "code": self.returncode})
+                    self.ws.send_close(1000)
+                    self._wait(lambda: self.client_gone, 2.0)  # the peer's close frame
+        except OSError:
+            pass  # the connection broke
         finally:
-            recv.cancel()
-            pump.cancel()
+            with self.state:
+                self.stopping = True
+                self._wake_pump()
+            loop = self.procs.loop
             if self.kill_timer is not None:
-                self.kill_timer.cancel()
-            self.kill()
-            self.procs.pty_roots.discard(self.pid)
-            os.close(self.master)
+                loop.call(self.kill_timer.cancel)
+            loop.call(self.kill)
+            loop.call(self.procs.pty_roots.discard, self.pid)
+            self.ws.conn.close()  # wakes the receiver
+            for thread in (receiver, pump):
+                if thread.ident is not None:  # started
+                    thread.join()
+            with self.state:
+                for fd in (self.master, self._wake_r, self._wake_w):
+                    os.close(fd)
+                self._wake_w = -1
 
-    async def _pump(self) -> None:
+    def _pump(self) -> None:
         """Forward terminal output until it ends, or until the command exited and it drained."""
-        assert self.exited is not None
-        while True:
-            try:
-                data = os.read(self.master, PTY_CHUNK)
-            except BlockingIOError:
-                if self.exited.done():
+        poller = select.poll()
+        poller.register(self.master, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        try:
+            while not self.stopping:
+                try:
+                    data = os.read(self.master, PTY_CHUNK)
+                except BlockingIOError:
+                    if self.returncode is not None:
+                        return
+                    poller.poll()
+                    continue
+                except OSError:
+                    return  # EIO: no process holds the terminal any more
+                if not data:
                     return
-                await wait_fd(self.master, also=self.exited)
-                continue
-            except OSError:
-                return  # EIO: no process holds the terminal any more
-            if not data:
-                return
-            await self.ws.send_json({"type": "stdout", "data": base64.b64encode(data).decode()})
+                self.ws.send_json({"type": "stdout", "data": base64.b64encode(data).decode()})
+        except OSError:
+            pass  # the connection broke
+        finally:
+            self._update(output_ended=True)
 
-    async def _recv(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            text = await self.ws.recv()
-            if text is None:
-                return
-            try:
-                message = json.loads(text)
-                kind = message["type"]
-                if kind == "stdin":
-                    await write_fd(self.master, decode_b64(message.get("data", ""), "data"))
-                elif kind == "signal":
-                    name = str(message.get("sig", "")).upper().removeprefix("SIG")
-                    if name not in PTY_SIGNALS:
-                        raise invalid(f"unknown signal {message.get('sig')!r}")
-                    if name == "KILL":
-                        self.kill()
-                    else:
-                        signal_group(self.pid, PTY_SIGNALS[name])
-                elif kind == "resize":
-                    rows, cols = message.get("rows"), message.get("cols")
-                    if not all(isinstance(v, int) and 1 <= v <= 1000 for v in (rows, cols)):
-                        raise invalid("rows and cols must be integers from 1 to 1000")
-                    set_winsize(self.master, rows, cols)
-                elif kind == "close":
-                    signal_group(self.pid, signal.SIGTERM)
-                    if self.kill_timer is None:
-                        self.kill_timer = loop.call_later(PTY_CLOSE_GRACE, self.kill)
+    def _recv(self) -> None:
+        try:
+            while (text := self.ws.recv()) is not None:
+                self._frame(text)
+        except OSError:
+            pass  # the connection broke
+        finally:
+            self._update(client_gone=True)
+
+    def _frame(self, text: str) -> None:
+        try:
+            message = json.loads(text)
+            kind = message["type"]
+            if kind == "stdin":
+                write_all(self.master, decode_b64(message.get("data", ""), "data"))
+            elif kind == "signal":
+                name = str(message.get("sig", "")).upper().removeprefix("SIG")
+                if name not in PTY_SIGNALS:
+                    raise invalid(f"unknown signal {message.get('sig')!r}")
+                if name == "KILL":
+                    self.procs.loop.call(self.kill)
                 else:
-                    raise invalid(f"unknown frame type {kind!r}")
-            except HTTPError as exc:
-                await self.ws.send_json({"type": "error", "message": exc.message})
-            except (ValueError, KeyError, TypeError):
-                await self.ws.send_json({"type": "error", "message": "bad frame: " + text[:200]})
-            except OSError:
-                pass  # the terminal is gone: the exit frame follows
+                    signal_group(self.pid, PTY_SIGNALS[name])
+            elif kind == "resize":
+                rows, cols = message.get("rows"), message.get("cols")
+                if not all(isinstance(v, int) and 1 <= v <= 1000 for v in (rows, cols)):
+                    raise invalid("rows and cols must be integers from 1 to 1000")
+                set_winsize(self.master, rows, cols)
+            elif kind == "close":
+                signal_group(self.pid, signal.SIGTERM)
+                if self.kill_timer is None:
+                    loop = self.procs.loop
+                    self.kill_timer = loop.call(loop.call_later, PTY_CLOSE_GRACE, self.kill)
+            else:
+                raise invalid(f"unknown frame type {kind!r}")
+        except HTTPError as exc:
+            self.ws.send_json({"type": "error", "message": exc.message})
+        except (ValueError, KeyError, TypeError):
+            self.ws.send_json({"type": "error", "message": "bad frame: " + text[:200]})
+        except OSError as exc:
+            if isinstance(exc, ConnectionError):
+                raise
+            # the terminal is gone: the exit frame follows
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to a non-blocking ``fd``, waiting while it is full."""
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except BlockingIOError:
+            select.select([], [fd], [])
+            continue
+        view = view[written:]
 
 
 def set_winsize(fd: int, rows: int, cols: int) -> None:

@@ -1,20 +1,22 @@
 """The agent's routes, its enrollment and request authentication (see :mod:`.proof`), and
-its entry point (``main``)."""
+its entry point (``main``): the main thread runs the :class:`~.loop.Loop` (which accepts
+connections and owns the jobs), each connection is served by a thread of its own."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
-import signal
+import socket
+import stat
 import sys
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import files, proof
 from .http import (
-    MAX_HEADER_BYTES,
+    Conn,
     HTTPError,
     Request,
     decode_b64,
@@ -25,6 +27,7 @@ from .http import (
     string_map,
 )
 from .jobs import DEFAULT_MAX_OUTPUT, Job, JobTable
+from .loop import Loop
 from .procs import Processes, command_env, initial_environ, kill_tree, with_tools_path
 
 if TYPE_CHECKING:
@@ -34,18 +37,20 @@ AGENT_VERSION = "0.1.0"
 MAX_ENROLL_BODY = 1024 * 1024
 STREAM_CHUNK = 256 * 1024  # bytes of a job's event log sent per write
 DEFAULT_WORKDIR = "/workspace"
+THREAD_STACK = 512 * 1024  # a connection's thread needs little: its stack stays small
 
 
 class Agent:
     """Routes, jobs and PTY sessions of one agent process."""
 
     def __init__(self, workdir: str) -> None:
+        self.loop = Loop()
         self.key: bytes | None = None  # the sandbox's key, from the orchestrator's enrollment
         self.workdir = workdir
         self.base_env = with_tools_path(command_env(initial_environ(), sys.prefix))
         self.umask = os.umask(0o022)
         os.umask(self.umask)
-        self.procs = Processes()
+        self.procs = Processes(self.loop)
         self.jobs = JobTable(self.procs)
         self.model_relay: Relay | None = None  # for a sandbox with a model gateway
 
@@ -57,38 +62,38 @@ class Agent:
 
     # HTTP
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def handle(self, conn: Conn) -> None:
+        """Serve one connection's requests, in its own thread, until it closes."""
         try:
             while True:
                 try:
-                    req = await read_request(reader, writer)
+                    req = read_request(conn)
                 except HTTPError as exc:
-                    writer.write(error_response(exc))
-                    await writer.drain()
+                    conn.write(error_response(exc))
                     break
                 if req is None:
                     break
-                await self.respond(req)
+                self.respond(req)
                 if not req.keep_alive:
                     break
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+        except OSError:
+            pass  # the connection broke (ConnectionError included)
         finally:
-            writer.close()
+            conn.close()
 
-    async def respond(self, req: Request) -> None:
+    def respond(self, req: Request) -> None:
         try:
-            await self.route(req)
+            self.route(req)
             if not req.body_done:
-                await req.discard_body()
+                req.discard_body()
         except HTTPError as exc:
             if req.started:
                 req.keep_alive = False
                 return
             if not req.body_done and exc.status != 413:
-                await req.discard_body()
-            await req.send_json(exc.status, {"code": exc.code, "message": exc.message})
-        except (ConnectionError, asyncio.IncompleteReadError):
+                req.discard_body()
+            req.send_json(exc.status, {"code": exc.code, "message": exc.message})
+        except OSError:
             raise
         except Exception as exc:
             import traceback  # only on the rare failure path
@@ -96,18 +101,18 @@ class Agent:
             log(f"{req.method} {req.path} failed:\n{traceback.format_exc()}")
             req.keep_alive = False
             if not req.started:
-                await req.send_json(500, {"code": "internal", "message": f"agent error: {exc!r}"})
+                req.send_json(500, {"code": "internal", "message": f"agent error: {exc!r}"})
 
-    async def route(self, req: Request) -> None:
+    def route(self, req: Request) -> None:
         method, path = req.method, req.path
         if path == "/health" and method == "GET":
             if "authorization" in req.headers:  # a proven answer: the orchestrator's probe
                 self.check_auth(req)
             status = {"status": "ok", "pid": os.getpid(), "version": AGENT_VERSION}
-            await req.send_json(200, {**status, "enrolled": self.key is not None})
+            req.send_json(200, {**status, "enrolled": self.key is not None})
             return
         if path == "/enroll" and method == "POST":
-            await self.enroll(req)
+            self.enroll(req)
             return
         self.check_auth(req)
         routes: dict[tuple[str, str], Callable[[Request], Any]] = {
@@ -122,16 +127,16 @@ class Agent:
         }
         handler = routes.get((method, path))
         if handler is not None:
-            await handler(req)
+            handler(req)
             return
         if path.startswith("/exec/"):
             job_id, _, action = path[len("/exec/") :].partition("/")
             if action == "" and method == "GET":
-                await self.stream_job(req, self.jobs[job_id])
+                self.stream_job(req, self.loop.call(self.jobs.__getitem__, job_id))
                 return
             if action == "cancel" and method == "POST":
-                cancelled = self.jobs.cancel(job_id)
-                await req.send_json(200, {"job_id": job_id, "cancelled": cancelled})
+                cancelled = self.loop.call(self.jobs.cancel, job_id)
+                req.send_json(200, {"job_id": job_id, "cancelled": cancelled})
                 return
         elif path in {p for _, p in routes}:
             raise HTTPError(405, "invalid_request", f"{method} is not allowed on {path}")
@@ -157,12 +162,12 @@ class Agent:
         if not req.has_body:
             req.check_body(proof.digest(b""))
 
-    async def enroll(self, req: Request) -> None:
+    def enroll(self, req: Request) -> None:
         """Take the sandbox's key and environment, once: the orchestrator's first request."""
         if self.key is not None:
             self.check_auth(req)  # 401 unless it is the key the agent holds
             raise HTTPError(409, "conflict", "the agent is enrolled already")
-        raw = await req.read_body(MAX_ENROLL_BODY)
+        raw = req.read_body(MAX_ENROLL_BODY)
         try:
             body = json.loads(raw)
         except ValueError:
@@ -177,16 +182,16 @@ class Agent:
         if "model" in body:  # a model gateway: imported only for a sandbox that has one
             from . import model
 
-            self.model_relay = await model.start(body["model"])
+            self.model_relay = model.start(body["model"])
         self.key = key.encode()
         self.base_env = with_tools_path({**self.base_env, **env})
         log("enrolled")
-        await req.send_json(200, {"enrolled": True})
+        req.send_json(200, {"enrolled": True})
 
-    async def model_park(self, req: Request) -> None:
+    def model_park(self, req: Request) -> None:
         if self.model_relay is None:
             raise HTTPError(409, "conflict", "this sandbox has no model gateway")
-        await self.model_relay.park(req)
+        self.model_relay.park(req)
 
     def resolve(self, raw: str) -> str:
         if "\0" in raw:
@@ -198,15 +203,15 @@ class Agent:
     def path_arg(self, req: Request) -> str:
         return self.resolve(req.arg("path"))
 
-    async def pty(self, req: Request) -> None:
+    def pty(self, req: Request) -> None:
         from .pty import serve_pty  # terminals are rare: not in the idle agent's memory
 
-        await serve_pty(req, self.procs, self.base_env, self.resolve)
+        serve_pty(req, self.procs, self.base_env, self.resolve)
 
     # exec
 
-    async def exec(self, req: Request) -> None:
-        body = await req.json()
+    def exec(self, req: Request) -> None:
+        body = req.json()
         command = body.get("command")
         if isinstance(command, str):
             if not command.strip():
@@ -219,13 +224,9 @@ class Agent:
         if not isinstance(job_id, str) or len(job_id) > 128:
             raise invalid("job_id must be a string of at most 128 characters")
         fingerprint = json.dumps(command)
-        job = self.jobs.get(job_id)
+        job = self.loop.call(self.jobs.get, job_id)
         if job is not None:
-            if job.fingerprint != fingerprint:
-                raise HTTPError(
-                    409, "conflict", f"job_id {job_id} is already used by a different command"
-                )
-            await self.stream_job(req, job)
+            self.attach(req, job, fingerprint)
             return
         cwd = self.resolve(body.get("cwd") or self.workdir)
         if not os.path.isdir(cwd):
@@ -244,32 +245,50 @@ class Agent:
             raise invalid("max_output_bytes must be a non-negative integer")
         stdin = body.get("stdin")
         data = None if stdin is None else decode_b64(stdin, "stdin")
-        job = self.jobs.add(job_id, fingerprint, max_output)
         login = bool(body.get("login_shell"))
-        if self.jobs.was_cancelled_ahead(job_id):
-            job.end_cancelled()
-        else:
-            job.start(command, login, cwd, env, float(timeout) if timeout else None, data)
-        await self.stream_job(req, job)
+        limit = float(timeout) if timeout else None
 
-    async def stream_job(self, req: Request, job: Job) -> None:
+        def admit() -> tuple[Job, bool]:
+            """On the loop: a new job started (or ended, if cancelled ahead), or the one that
+            took this id meanwhile (another connection's exec of it)."""
+            known = self.jobs.get(job_id)
+            if known is not None:
+                return known, False
+            job = self.jobs.add(job_id, fingerprint, max_output)
+            if self.jobs.was_cancelled_ahead(job_id):
+                job.end_cancelled()
+            else:
+                job.start(command, login, cwd, env, limit, data)
+            return job, True
+
+        job, new = self.loop.call(admit)
+        if new:
+            self.stream_job(req, job)
+        else:
+            self.attach(req, job, fingerprint)
+
+    def attach(self, req: Request, job: Job, fingerprint: str) -> None:
+        """A repeated exec of ``job``'s id: its stream, if it is the same command."""
+        if job.fingerprint != fingerprint:
+            raise HTTPError(
+                409, "conflict", f"job_id {job.job_id} is already used by a different command"
+            )
+        self.stream_job(req, job)
+
+    def stream_job(self, req: Request, job: Job) -> None:
         """Replay the job's events from the start, follow live output, end with ``x``."""
-        await req.discard_body()
+        req.discard_body()
         req.start_chunked("application/x-ndjson")
         sent = 0
         while True:
-            chunk = job.log.read(sent, STREAM_CHUNK)
+            chunk, final = job.next_events(sent, STREAM_CHUNK)
             if chunk:
                 req.write_chunk(chunk)
                 sent += len(chunk)
-                await req.writer.drain()
-            elif job.final is not None:
-                req.write_chunk(job.final)
-                break
             else:
-                await job.changed()
+                req.write_chunk(final)
+                break
         req.end_chunked()
-        await req.writer.drain()
 
     # files
 
@@ -304,39 +323,64 @@ def become_undumpable() -> bool:
     return True
 
 
-async def serve(listen: tuple[str, str, int], workdir: str) -> None:
-    loop = asyncio.get_running_loop()
+def listen_socket(kind: str, address: str, port: int) -> socket.socket:
+    """The agent's listening socket (``backlog`` 1024: a burst of connections waits)."""
+    if kind == "unix":
+        os.makedirs(os.path.dirname(address), exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.lstat(address).st_mode):
+                os.unlink(address)  # left by an earlier agent (anything else: bind fails)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(address)
+        # Anyone in the sandbox may connect: every request needs the key's MAC, and every
+        # answer proves the agent holds it.
+        os.chmod(address, 0o666)  # noqa: S103
+    else:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def serve_connections(loop: Loop, sock: socket.socket, handle: Callable[[Conn], None]) -> None:
+    """Accept on the loop, and serve each connection in a thread of its own."""
+
+    def accept() -> None:
+        while True:
+            try:
+                client, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors: the next readiness retries
+                log(f"accept failed: {exc}")
+                return
+            client.setblocking(True)
+            threading.Thread(target=handle, args=(Conn(client),), daemon=True).start()
+
+    loop.add_reader(sock.fileno(), accept)
+
+
+def serve(listen: tuple[str, str, int], workdir: str) -> None:
+    threading.stack_size(THREAD_STACK)
     agent = Agent(workdir)
-    stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGCHLD, agent.procs.reap)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
         os.makedirs(workdir, exist_ok=True)
     except OSError as exc:
         log(f"cannot create workdir {workdir}: {exc}")
     kind, address, port = listen
-    if kind == "unix":
-        os.makedirs(os.path.dirname(address), exist_ok=True)
-        server = await asyncio.start_unix_server(
-            agent.handle, address, limit=MAX_HEADER_BYTES, backlog=1024
-        )
-        # Anyone in the sandbox may connect: every request needs the key's MAC, and every
-        # answer proves the agent holds it.
-        os.chmod(address, 0o666)  # noqa: S103
-    else:
-        server = await asyncio.start_server(
-            agent.handle, address, port, limit=MAX_HEADER_BYTES, backlog=1024
-        )
+    sock = listen_socket(kind, address, port)
+    serve_connections(agent.loop, sock, agent.handle)
     log(f"version {AGENT_VERSION} listening on {kind}:{address}{f':{port}' if port else ''}")
     try:
-        await stop.wait()
+        agent.loop.run()
     finally:
-        # Commands first, and the server closed without waiting for its connections (on
-        # Python >= 3.11.7 ``async with server`` would wait for the orchestrator's kept-alive
-        # ones, and an agent killed meanwhile would leave its commands running).
+        # Commands first, then the socket; connections' threads end with the process (an
+        # agent killed while waiting for them would leave its commands running).
         agent.shutdown()
-        server.close()
+        sock.close()
         if kind == "unix":
             with contextlib.suppress(OSError):
                 os.unlink(address)
@@ -362,5 +406,5 @@ def main(argv: list[str] | None = None) -> int:
     workdir = os.environ.get("ORCHARD_AGENT_WORKDIR") or DEFAULT_WORKDIR
     if not become_undumpable():
         log("cannot make itself non-dumpable (not root): commands of the same user may trace it")
-    asyncio.run(serve(listen, workdir))
+    serve(listen, workdir)
     return 0

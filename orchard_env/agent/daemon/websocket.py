@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import struct
+import threading
 from typing import Any
 
 from . import proof
-from .http import Request, invalid
+from .http import Conn, Request, invalid
 
 WS_MAX_MESSAGE = 16 * 1024 * 1024
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -26,7 +26,7 @@ def accept(req: Request) -> WebSocket:
         raise invalid("unsupported WebSocket version (need 13)")
     digest = hashlib.sha1((key + WS_GUID).encode()).digest()  # noqa: S324 - RFC 6455
     req.keep_alive = False
-    req.writer.write(
+    req.conn.write(
         req.head(
             101,
             [
@@ -37,7 +37,7 @@ def accept(req: Request) -> WebSocket:
             proof.UPGRADE,
         )
     )
-    return WebSocket(req.reader, req.writer)
+    return WebSocket(req.conn)
 
 
 class WebSocketClosed(Exception):
@@ -57,15 +57,15 @@ def unmask(payload: bytes, mask: bytes) -> bytes:
 
 
 class WebSocket:
-    """Text-message WebSocket over an upgraded connection: ping/pong and close handled here."""
+    """Text-message WebSocket over an upgraded connection: ping/pong and close handled here.
+    One thread receives; any thread may send."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.lock = asyncio.Lock()
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
         self.closing = False  # a close frame was sent
 
-    async def _send(self, opcode: int, payload: bytes) -> None:
+    def _send(self, opcode: int, payload: bytes) -> None:
         size = len(payload)
         if size < 126:
             head = struct.pack("!BB", 0x80 | opcode, size)
@@ -73,43 +73,42 @@ class WebSocket:
             head = struct.pack("!BBH", 0x80 | opcode, 126, size)
         else:
             head = struct.pack("!BBQ", 0x80 | opcode, 127, size)
-        async with self.lock:
-            self.writer.write(head + payload)
-            await self.writer.drain()
+        with self.lock:
+            self.conn.write(head, payload)
 
-    async def send_json(self, message: dict[str, Any]) -> None:
+    def send_json(self, message: dict[str, Any]) -> None:
         if not self.closing:
-            await self._send(0x1, json.dumps(message, separators=(",", ":")).encode())
+            self._send(0x1, json.dumps(message, separators=(",", ":")).encode())
 
-    async def _frame(self) -> tuple[bool, int, bytes]:
-        first, second = await self.reader.readexactly(2)
+    def _frame(self) -> tuple[bool, int, bytes]:
+        first, second = self.conn.readexactly(2)
         size = second & 0x7F
         if size == 126:
-            (size,) = struct.unpack("!H", await self.reader.readexactly(2))
+            (size,) = struct.unpack("!H", self.conn.readexactly(2))
         elif size == 127:
-            (size,) = struct.unpack("!Q", await self.reader.readexactly(8))
+            (size,) = struct.unpack("!Q", self.conn.readexactly(8))
         if size > WS_MAX_MESSAGE:
             raise WebSocketClosed(1009)
         if not second & 0x80:
             raise WebSocketClosed(1002)  # client frames must be masked
-        mask = await self.reader.readexactly(4)
-        payload = unmask(await self.reader.readexactly(size), mask)
+        mask = self.conn.readexactly(4)
+        payload = unmask(self.conn.readexactly(size), mask)
         return bool(first & 0x80), first & 0x0F, payload
 
-    async def recv(self) -> str | None:
+    def recv(self) -> str | None:
         """The next text message; None once the peer closed (or the connection dropped)."""
         parts: list[bytes] = []
         total = 0
         try:
             while True:
-                fin, opcode, payload = await self._frame()
+                fin, opcode, payload = self._frame()
                 if opcode == 0x8:
                     if not self.closing:
                         self.closing = True
-                        await self._send(0x8, payload[:2])
+                        self._send(0x8, payload[:2])
                     return None
                 if opcode == 0x9:
-                    await self._send(0xA, payload)
+                    self._send(0xA, payload)
                     continue
                 if opcode == 0xA:
                     continue
@@ -126,22 +125,31 @@ class WebSocket:
                 if fin:
                     return b"".join(parts).decode("utf-8", "replace")
         except WebSocketClosed as exc:
-            await self.close(exc.code)
+            self.close(exc.code)
             return None
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return None
+        except TimeoutError:
+            raise  # the caller's deadline (a socket timeout), not the peer's doing
+        except OSError:
+            return None  # the connection broke (ConnectionError included)
 
-    async def close(self, code: int, reason: str = "") -> None:
-        """Send a close frame and wait briefly for the peer's."""
+    def send_close(self, code: int, reason: str = "") -> bool:
+        """Send a close frame (once: False if one was sent already); the peer answers with
+        its own, which :meth:`recv` reads."""
         if self.closing:
-            return
+            return False
         self.closing = True
-        try:
-            await self._send(0x8, struct.pack("!H", code) + reason.encode()[:120])
-            await asyncio.wait_for(self._until_close(), 2.0)
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, WebSocketClosed):
-            pass
+        self._send(0x8, struct.pack("!H", code) + reason.encode()[:120])
+        return True
 
-    async def _until_close(self) -> None:
-        while (await self._frame())[1] != 0x8:
+    def close(self, code: int, reason: str = "") -> None:
+        """Send a close frame and wait briefly for the peer's (no other thread receiving)."""
+        try:
+            if self.send_close(code, reason):
+                self.conn.sock.settimeout(2.0)
+                self._until_close()
+        except (OSError, WebSocketClosed):
+            pass  # TimeoutError and ConnectionError included
+
+    def _until_close(self) -> None:
+        while self._frame()[1] != 0x8:
             pass
