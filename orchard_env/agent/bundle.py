@@ -75,7 +75,7 @@ PRUNE_DIRS = frozenset(
     }
 )
 # Extension modules left out: unused by the agent, and most pull in big libraries
-# (_ssl/_hashlib: libssl + libcrypto; without them asyncio runs without TLS and hashlib
+# (_ssl/_hashlib: libssl + libcrypto; the agent serves no TLS, and without them hashlib
 # uses its builtin implementations, which keeps the agent's idle RSS low).
 PRUNE_EXTENSIONS = frozenset(
     {
