@@ -1,8 +1,10 @@
-/* orchard-subreaper STATUS_FD PROGRAM [ARG...]
+/* orchard-subreaper [--tty] STATUS_FD PROGRAM [ARG...]
  *
  * The first process of every command the agent runs. It makes itself a child subreaper
  * (PR_SET_CHILD_SUBREAPER survives execve), so whatever the command starts stays in its tree
- * even when the middle of the tree exits, then execs PROGRAM with its arguments. The agent
+ * even when the middle of the tree exits, then execs PROGRAM with its arguments. With --tty
+ * (a terminal session's command, started in a new session with the terminal on fd 0) it first
+ * makes that terminal its session's controlling terminal. The agent
  * starts it with CPython's vfork path; doing the same prctl from a preexec_fn would make
  * CPython fork() the whole agent for every command.
  *
@@ -21,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -60,9 +63,17 @@ static int exec_in_path(char **argv) {
     return kept != 0 ? kept : last;
 }
 
+static void report(long status_fd, int error) {
+    ssize_t ignored = write((int)status_fd, &error, sizeof error);
+    (void)ignored;
+}
+
 int main(int argc, char **argv) {
+    int tty = argc > 1 && strcmp(argv[1], "--tty") == 0;
+    argv += tty;
+    argc -= tty;
     if (argc < 3) {
-        fputs("usage: orchard-subreaper STATUS_FD PROGRAM [ARG...]\n", stderr);
+        fputs("usage: orchard-subreaper [--tty] STATUS_FD PROGRAM [ARG...]\n", stderr);
         return 2;
     }
     char *rest = NULL;
@@ -72,10 +83,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "orchard-subreaper: STATUS_FD %s is not an open descriptor\n", argv[1]);
         return 2;
     }
+    if (tty && ioctl(0, TIOCSCTTY, 0) != 0) {
+        report(status_fd, errno);
+        return 127;
+    }
     /* Without it (a kernel before 3.4) the command still runs; only its escapees do not stay. */
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     int error = exec_in_path(argv + 2);
-    ssize_t ignored = write((int)status_fd, &error, sizeof error);
-    (void)ignored;
+    report(status_fd, error);
     return 127;
 }

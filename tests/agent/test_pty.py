@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard_env.agent.client import AgentClient, AgentPty
-from tests.agent.conftest import RunningAgent, poll_until, process_gone
+from tests.agent.conftest import EVERY_SPAWNER, RunningAgent, poll_until, process_gone
 from tests.agent.test_exec import fake_conda_home
 
 
@@ -57,6 +57,18 @@ async def test_command_has_a_terminal(agent: AgentClient) -> None:
         assert pty.close_code == 1000
 
 
+@EVERY_SPAWNER
+async def test_the_terminal_is_the_sessions_controlling_terminal(agent: AgentClient) -> None:
+    # /dev/tty opens only with a controlling terminal, and only through one does ^C reach
+    # the command (the terminal signals its foreground process group).
+    cmd = ["sh", "-c", "exec 3</dev/tty && echo controlling && exec sleep 60"]
+    async with session(agent, cmd=cmd) as pty:
+        await read_until(pty, b"controlling")
+        await pty.send({"type": "stdin", "data": base64.b64encode(b"\x03").decode()})
+        _, exit_frame = await until_exit(pty, limit=5)
+        assert exit_frame["code"] == -2
+
+
 async def test_stdin_is_echoed_by_cat(agent: AgentClient) -> None:
     async with session(agent, cmd=["cat"]) as pty:
         await pty.send({"type": "stdin", "data": base64.b64encode(b"hello pty\n").decode()})
@@ -93,6 +105,7 @@ async def test_close_frame_terminates_the_command(agent: AgentClient) -> None:
         assert exit_frame["code"] == -15
 
 
+@EVERY_SPAWNER
 async def test_disconnect_kills_the_session(agent: AgentClient, agent_server: RunningAgent) -> None:
     marker = agent_server.workdir / "pid"
     async with session(agent, cmd=["sh", "-c", f"sleep 300 & echo $! > {marker}; wait"]) as pty:
@@ -115,6 +128,7 @@ async def test_bad_init_closes_with_4400(agent: AgentClient) -> None:
         assert pty.close_code == 4400
 
 
+@EVERY_SPAWNER
 async def test_missing_binary_closes_with_4500(agent: AgentClient) -> None:
     async with await agent.open_pty() as pty:
         await pty.send({"type": "init", "cmd": ["no-such-binary-xyz"]})

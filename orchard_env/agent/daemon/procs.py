@@ -54,21 +54,24 @@ class Processes:
         return subreaper_hook()
 
     def spawn(
-        self, argv: list[str], pass_fds: tuple[int, ...], **options: Any
+        self, argv: list[str], pass_fds: tuple[int, ...], tty: bool = False, **options: Any
     ) -> subprocess.Popen[bytes]:
-        """Start ``argv`` in a session of its own, its first process a child subreaper:
+        """Start ``argv`` in a session of its own, its first process a child subreaper (with
+        ``tty``, its stdin a terminal that becomes the session's controlling terminal):
         through :data:`SUBREAPER` when the agent has one, which CPython starts with
         ``vfork()``, else with :attr:`preexec` (a ``preexec_fn`` makes CPython ``fork()`` the
-        whole agent). Raises :class:`OSError` as ``Popen`` does when the command cannot start;
-        returns once it has been exec'd."""
+        whole agent; the child runs only ``ioctl`` and ``prctl``, so the agent's other threads
+        hold nothing it needs). Raises :class:`OSError` as ``Popen`` does when the command
+        cannot start; returns once it has been exec'd."""
         if not SUBREAPER:
+            preexec = tty_hook(self.preexec) if tty else self.preexec
             return subprocess.Popen(
-                argv, pass_fds=pass_fds, start_new_session=True, preexec_fn=self.preexec, **options
+                argv, pass_fds=pass_fds, start_new_session=True, preexec_fn=preexec, **options
             )
         status_r, status_w = os.pipe()
         try:
             proc = subprocess.Popen(
-                [SUBREAPER, str(status_w), *argv],
+                [SUBREAPER, *(["--tty"] if tty else []), str(status_w), *argv],
                 pass_fds=(*pass_fds, status_w),
                 start_new_session=True,
                 **options,
@@ -128,6 +131,21 @@ def subreaper_hook() -> Callable[[], None] | None:
         prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
     return become_subreaper
+
+
+def tty_hook(become_subreaper: Callable[[], None] | None) -> Callable[[], None]:
+    """A ``preexec_fn`` for a terminal session's command (started in a new session, the
+    terminal on fd 0): take the terminal as the session's controlling terminal, then become a
+    subreaper as every command does."""
+    import fcntl  # terminals are rare: not in the idle agent's memory
+    import termios
+
+    def preexec() -> None:
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        if become_subreaper is not None:
+            become_subreaper()
+
+    return preexec
 
 
 def descendants(root: int) -> list[int]:

@@ -14,7 +14,6 @@ import os
 import select
 import signal
 import struct
-import subprocess
 import termios
 import threading
 from collections.abc import Callable
@@ -111,17 +110,8 @@ class PtySession:
         master, slave = os.openpty()
         try:
             set_winsize(master, *size)
-            proc = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=slave,
-                stdout=slave,
-                stderr=slave,
-                start_new_session=True,
-                # The child runs only ioctl and prctl (ctypes loaded beforehand), so the
-                # agent's other threads hold nothing it needs.
-                preexec_fn=self._preexec(),
+            proc = self.procs.spawn(
+                argv, (), tty=True, cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave
             )
         except BaseException:
             os.close(master)
@@ -138,17 +128,6 @@ class PtySession:
             self.procs.watch_child(proc, self._exited)
 
         self.procs.loop.call(watch)
-
-    def _preexec(self) -> Callable[[], None]:
-        """In the child: take the terminal, and become a subreaper as a job's command does."""
-        become_subreaper = self.procs.preexec
-
-        def preexec() -> None:
-            take_controlling_tty()
-            if become_subreaper is not None:
-                become_subreaper()
-
-        return preexec
 
     def _exited(self, returncode: int) -> None:
         with self.state:
@@ -298,8 +277,3 @@ def write_all(fd: int, data: bytes) -> None:
 
 def set_winsize(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-
-
-def take_controlling_tty() -> None:
-    """In the child, after setsid: make the terminal on fd 0 the session's controlling tty."""
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
