@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from orchard_env.agent.daemon import loop as loop_module
 from orchard_env.agent.daemon.loop import Loop
 
 
@@ -55,6 +56,26 @@ def test_timers_run_in_order_and_a_cancelled_one_never(running: Loop) -> None:
     running.call(schedule)
     assert done.wait(5)
     assert ran == ["early", "late"]
+
+
+def test_a_failing_callback_is_logged_and_the_loop_goes_on(
+    running: Loop, capfd: pytest.CaptureFixture[str]
+) -> None:
+    def fail() -> None:
+        raise ValueError("boom")
+
+    running.call_soon(fail)
+    assert running.call(lambda: "still running") == "still running"
+    assert "a loop callback failed" in capfd.readouterr().err
+
+
+def test_cancelled_timers_do_not_pile_up(running: Loop) -> None:
+    def many() -> int:
+        for _ in range(10 * loop_module.COMPACT_AT):
+            running.call_later(3600, lambda: None).cancel()
+        return len(running.timers)
+
+    assert running.call(many) <= 2 * loop_module.COMPACT_AT
 
 
 def test_a_reader_is_called_until_removed(running: Loop) -> None:

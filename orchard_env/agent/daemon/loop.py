@@ -24,9 +24,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .http import log
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 READABLE = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
 WRITABLE = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
+COMPACT_AT = 256  # timers in the heap before the cancelled ones are dropped
 
 
 class Timer:
@@ -74,6 +77,7 @@ class Loop:
         self.epoll = select.epoll()
         self.handlers: dict[int, tuple[Callable[[], None] | None, Callable[[], None] | None]] = {}
         self.timers: list[Timer] = []
+        self._compact_at = COMPACT_AT
         self.pending: collections.deque[Callable[[], None]] = collections.deque()
         self.thread: threading.Thread | None = None
         self.stopping = False
@@ -114,6 +118,12 @@ class Loop:
     # timers and calls
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
+        if len(self.timers) > self._compact_at:
+            # Cancelled timers wait in the heap until they are due: drop them now and then,
+            # or a run of long time limits, each cancelled early, would pile up.
+            self.timers = [timer for timer in self.timers if not timer.cancelled]
+            heapq.heapify(self.timers)
+            self._compact_at = max(COMPACT_AT, 2 * len(self.timers))
         timer = Timer(time.monotonic() + delay, callback)
         heapq.heappush(self.timers, timer)
         return timer
@@ -160,18 +170,18 @@ class Loop:
                 continue
             reader = self.handlers.get(fd, (None, None))[0]
             if reader is not None and events & READABLE:
-                reader()
+                _run(reader)
             # A reader may have removed the writer (or the fd): look it up again.
             writer = self.handlers.get(fd, (None, None))[1]
             if writer is not None and events & WRITABLE:
-                writer()
+                _run(writer)
         now = time.monotonic()
         while self.timers and self.timers[0].when <= now:
             timer = heapq.heappop(self.timers)
             if not timer.cancelled:
-                timer.callback()
+                _run(timer.callback)
         for _ in range(len(self.pending)):
-            self.pending.popleft()()
+            _run(self.pending.popleft())
 
     def _woken(self) -> None:
         try:
@@ -182,3 +192,13 @@ class Loop:
             self.on_child_exit()
         if any(sig in data for sig in STOP_SIGNALS):
             self.stopping = True
+
+
+def _run(callback: Callable[[], None]) -> None:
+    """Run a callback; one that fails is logged, and the loop (and the agent) goes on."""
+    try:
+        callback()
+    except Exception:
+        import traceback  # only on the rare failure path
+
+        log(f"a loop callback failed:\n{traceback.format_exc()}")

@@ -200,7 +200,11 @@ def _accept(listener: socket.socket, relay: Relay) -> None:
             log(f"model relay accept failed: {exc}")
             time.sleep(0.1)
             continue
-        threading.Thread(target=relay.connection, args=(Conn(client),), daemon=True).start()
+        try:
+            threading.Thread(target=relay.connection, args=(Conn(client),), daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had (the sandbox's pids limit)
+            log(f"model relay cannot serve a connection: {exc}")
+            client.close()
 
 
 def _splice(conn: Conn, up: Conn) -> None:

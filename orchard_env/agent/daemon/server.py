@@ -93,8 +93,8 @@ class Agent:
             if not req.body_done and exc.status != 413:
                 req.discard_body()
             req.send_json(exc.status, {"code": exc.code, "message": exc.message})
-        except OSError:
-            raise
+        except ConnectionError:
+            raise  # the connection broke: nothing can be answered on it
         except Exception as exc:
             import traceback  # only on the rare failure path
 
@@ -358,7 +358,11 @@ def serve_connections(loop: Loop, sock: socket.socket, handle: Callable[[Conn], 
                 log(f"accept failed: {exc}")
                 return
             client.setblocking(True)
-            threading.Thread(target=handle, args=(Conn(client),), daemon=True).start()
+            try:
+                threading.Thread(target=handle, args=(Conn(client),), daemon=True).start()
+            except RuntimeError as exc:  # no thread to be had (the sandbox's pids limit)
+                log(f"cannot serve a connection: {exc}")
+                client.close()
 
     loop.add_reader(sock.fileno(), accept)
 
