@@ -28,8 +28,8 @@ CANCELLED_AHEAD_KEEP = 1024  # ids cancelled before their exec arrived, remember
 
 
 class JobTable:
-    """The jobs this agent knows by id: running ones, and finished ones for a while. Used on
-    the agent's loop only (see :mod:`.loop`)."""
+    """The jobs this agent knows by id: running ones, and finished ones for a while. Changed
+    on the agent's loop only (see :mod:`.loop`); other threads may look a job up."""
 
     def __init__(self, procs: Processes) -> None:
         self.procs = procs

@@ -132,7 +132,7 @@ class Agent:
         if path.startswith("/exec/"):
             job_id, _, action = path[len("/exec/") :].partition("/")
             if action == "" and method == "GET":
-                self.stream_job(req, self.loop.call(self.jobs.__getitem__, job_id))
+                self.stream_job(req, self.jobs[job_id])
                 return
             if action == "cancel" and method == "POST":
                 cancelled = self.loop.call(self.jobs.cancel, job_id)
@@ -224,7 +224,7 @@ class Agent:
         if not isinstance(job_id, str) or len(job_id) > 128:
             raise invalid("job_id must be a string of at most 128 characters")
         fingerprint = json.dumps(command)
-        job = self.loop.call(self.jobs.get, job_id)
+        job = self.jobs.get(job_id)
         if job is not None:
             self.attach(req, job, fingerprint)
             return
