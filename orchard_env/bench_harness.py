@@ -24,13 +24,11 @@ from orchard_env.bench import BenchResult, Stats
 
 BATCH = 20
 _RELAY = r"""
-import asyncio, sys
+import sys, threading
 from orchard_env.agent.daemon import model
-async def main():
-    await model.start({"listen": sys.argv[1], "socket": sys.argv[2]})
-    print("ready", flush=True)
-    await asyncio.Event().wait()
-asyncio.run(main())
+model.start({"listen": sys.argv[1], "socket": sys.argv[2]})
+print("ready", flush=True)
+threading.Event().wait()
 """
 _CLIENT = r"""
 import http.client, json, sys, time

@@ -57,41 +57,44 @@ AGENTS_PER_FLEET = 2500  # each holds two fds per agent (its socket, the kept-al
 CONCURRENCY = 64  # creates (and their first exec) in flight at once
 SAMPLES = 50  # timed requests of each kind per level
 _FLEET = r"""
-import asyncio, json, os, resource, signal, sys
-from orchard_env.agent.daemon.http import MAX_HEADER_BYTES
-from orchard_env.agent.daemon.jobs import JobTable
+import json, os, resource, sys, threading
+from orchard_env.agent.daemon.loop import Loop
 from orchard_env.agent.daemon.procs import Processes
-from orchard_env.agent.daemon.server import Agent
+from orchard_env.agent.daemon.server import Agent, listen_socket, serve_connections
 
-async def main():
-    loop = asyncio.get_running_loop()
-    procs = Processes()  # one child table for all: SIGCHLD reaps the fleet's commands once
-    loop.add_signal_handler(signal.SIGCHLD, procs.reap)
+def stop(agent, sock):
+    agent.loop.remove_reader(sock.fileno())
+    sock.close()
+    agent.jobs.kill_all()
+
+def orders(procs):
     served = {}
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := await reader.readline():
+    for line in sys.stdin:
         order = json.loads(line)
         if order["op"] == "start":
-            agent = Agent(order["workdir"])
-            agent.procs, agent.jobs = procs, JobTable(procs)
+            agent = Agent(order["workdir"], procs)  # one loop and child table for all
             os.makedirs(order["workdir"], exist_ok=True)
-            server = await asyncio.start_unix_server(
-                agent.handle, order["socket"], limit=MAX_HEADER_BYTES, backlog=64
-            )
-            served[order["id"]] = (agent, server)
+            sock = listen_socket("unix", order["socket"], 0)
+            procs.loop.call(serve_connections, procs.loop, sock, agent.handle)
+            served[order["id"]] = (agent, sock)
         elif order["id"] in served:
-            agent, server = served.pop(order["id"])
-            agent.jobs.kill_all()
-            server.close()
+            procs.loop.call(stop, *served.pop(order["id"]))
         sys.stdout.write(json.dumps({"id": order["id"]}) + "\n")
         sys.stdout.flush()
-    for agent, _ in served.values():  # the end of orders: no command outlives the fleet
-        agent.jobs.kill_all()
+
+    def end():  # the end of orders: no command outlives the fleet
+        for agent, sock in served.values():
+            stop(agent, sock)
+        procs.loop.stopping = True
+
+    procs.loop.call(end)
 
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-asyncio.run(main())
+threading.stack_size(512 * 1024)
+procs = Processes(Loop())
+threading.Thread(target=orders, args=(procs,), daemon=True).start()
+procs.loop.run()
 """
 
 

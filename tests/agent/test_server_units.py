@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import urllib.parse
@@ -146,3 +147,16 @@ def test_exit_fields() -> None:
 )
 def test_paths_are_normalised_so_the_root_has_one_spelling(raw: str, resolved: str) -> None:
     assert server.Agent("/w").resolve(raw) == resolved
+
+
+def test_a_tcp_connection_sends_its_pieces_at_once() -> None:
+    # An answer goes out as a head and then chunks: with Nagle's algorithm on, each piece
+    # after the first waits for the peer's delayed ACK, 40 ms (the agent listens on TCP in a
+    # pod, the model relay on loopback TCP).
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        conn = http.Conn(accepted)
+        assert conn.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        conn.close()
+        client.close()

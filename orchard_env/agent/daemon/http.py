@@ -80,6 +80,10 @@ class Conn:
     while looking for a separator) and written whole."""
 
     def __init__(self, sock: socket.socket, limit: int = MAX_HEADER_BYTES) -> None:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Answers go out in pieces (a head, then chunks): with Nagle's algorithm each
+            # piece after the first would wait for the peer's delayed ACK (40 ms).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
         self.limit = limit
         self.buffer = bytearray()

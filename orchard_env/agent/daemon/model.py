@@ -88,7 +88,9 @@ class _Parked:
         paired, so readable means the orchestrator closed it (or broke the protocol)."""
         if self.conn.closed or self.done.is_set():
             return False
-        return not select.select([self.conn.sock], [], [], 0)[0]
+        poller = select.poll()  # not select(): descriptors past 1023 are common here
+        poller.register(self.conn.sock, select.POLLIN)
+        return not poller.poll(0)
 
 
 class Relay:

@@ -266,11 +266,13 @@ class PtySession:
 def write_all(fd: int, data: bytes) -> None:
     """Write all of ``data`` to a non-blocking ``fd``, waiting while it is full."""
     view = memoryview(data)
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
     while view:
         try:
             written = os.write(fd, view)
         except BlockingIOError:
-            select.select([], [fd], [])
+            poller.poll()
             continue
         view = view[written:]
 

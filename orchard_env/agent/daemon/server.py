@@ -43,14 +43,16 @@ THREAD_STACK = 512 * 1024  # a connection's thread needs little: its stack stays
 class Agent:
     """Routes, jobs and PTY sessions of one agent process."""
 
-    def __init__(self, workdir: str) -> None:
-        self.loop = Loop()
+    def __init__(self, workdir: str, procs: Processes | None = None) -> None:
+        """``procs``: the children (and the loop) of agents sharing a process (as the
+        benchmark's fleet does); a loop and children of its own by default."""
+        self.procs = procs or Processes(Loop())
+        self.loop = self.procs.loop
         self.key: bytes | None = None  # the sandbox's key, from the orchestrator's enrollment
         self.workdir = workdir
         self.base_env = with_tools_path(command_env(initial_environ(), sys.prefix))
         self.umask = os.umask(0o022)
         os.umask(self.umask)
-        self.procs = Processes(self.loop)
         self.jobs = JobTable(self.procs)
         self.model_relay: Relay | None = None  # for a sandbox with a model gateway
 
