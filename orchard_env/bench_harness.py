@@ -24,11 +24,13 @@ from orchard_env.bench import BenchResult, Stats
 
 BATCH = 20
 _RELAY = r"""
-import sys, threading
+import sys
 from orchard_env.agent.daemon import model
-model.start({"listen": sys.argv[1], "socket": sys.argv[2]})
+from orchard_env.agent.daemon.loop import Loop
+loop = Loop()
+model.start({"listen": sys.argv[1], "socket": sys.argv[2]}, loop)
 print("ready", flush=True)
-threading.Event().wait()
+loop.run()
 """
 _CLIENT = r"""
 import http.client, json, sys, time

@@ -58,9 +58,10 @@ CONCURRENCY = 64  # creates (and their first exec) in flight at once
 SAMPLES = 50  # timed requests of each kind per level
 _FLEET = r"""
 import json, os, resource, sys, threading
+from orchard_env.agent.daemon.http import listen_socket
 from orchard_env.agent.daemon.loop import Loop
 from orchard_env.agent.daemon.procs import Processes
-from orchard_env.agent.daemon.server import Agent, listen_socket, serve_connections
+from orchard_env.agent.daemon.server import Agent
 
 def stop(agent, sock):
     agent.loop.remove_reader(sock.fileno())
@@ -75,7 +76,7 @@ def orders(procs):
             agent = Agent(order["workdir"], procs)  # one loop and child table for all
             os.makedirs(order["workdir"], exist_ok=True)
             sock = listen_socket("unix", order["socket"], 0)
-            procs.loop.call(serve_connections, procs.loop, sock, agent.handle)
+            procs.loop.call(procs.loop.serve, sock, agent.handle)
             served[order["id"]] = (agent, sock)
         elif order["id"] in served:
             procs.loop.call(stop, *served.pop(order["id"]))
@@ -91,7 +92,6 @@ def orders(procs):
 
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-threading.stack_size(512 * 1024)
 procs = Processes(Loop())
 threading.Thread(target=orders, args=(procs,), daemon=True).start()
 procs.loop.run()

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import socket
+import stat
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -108,10 +109,7 @@ class Conn:
         while True:
             found = self.buffer.find(separator, start)
             if found >= 0:
-                end = found + len(separator)
-                data = bytes(self.buffer[:end])
-                del self.buffer[:end]
-                return data
+                return self._take(found + len(separator))
             if len(self.buffer) > self.limit:
                 raise invalid(f"request head is over {self.limit} bytes")
             start = max(len(self.buffer) - len(separator) + 1, 0)
@@ -124,9 +122,7 @@ class Conn:
         """Up to ``size`` bytes (what is buffered first); empty at end of stream."""
         if not self.buffer and not self._fill():
             return b""
-        data = bytes(self.buffer[:size])
-        del self.buffer[:size]
-        return data
+        return self._take(size)
 
     def readexactly(self, size: int) -> bytes:
         while len(self.buffer) < size:
@@ -134,6 +130,10 @@ class Conn:
                 partial = bytes(self.buffer)
                 self.buffer.clear()
                 raise IncompleteRead(partial)
+        return self._take(size)
+
+    def _take(self, size: int) -> bytes:
+        """The first ``size`` bytes of the buffer (fewer if it holds fewer), removed from it."""
         data = bytes(self.buffer[:size])
         del self.buffer[:size]
         return data
@@ -153,6 +153,28 @@ class Conn:
             with contextlib.suppress(OSError):  # the peer is gone already
                 self.sock.shutdown(socket.SHUT_RDWR)
             self.sock.close()
+
+
+def listen_socket(kind: str, address: str, port: int) -> socket.socket:
+    """The agent's listening socket (``backlog`` 1024: a burst of connections waits)."""
+    if kind == "unix":
+        os.makedirs(os.path.dirname(address), exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.lstat(address).st_mode):
+                os.unlink(address)  # left by an earlier agent (anything else: bind fails)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(address)
+        # Anyone in the sandbox may connect: every request needs the key's MAC, and every
+        # answer proves the agent holds it.
+        os.chmod(address, 0o666)  # noqa: S103
+    else:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
 
 
 def unquote(text: str, plus: bool = False) -> str:

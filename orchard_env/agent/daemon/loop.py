@@ -19,17 +19,19 @@ import heapq
 import os
 import select
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from .http import log
+from .http import Conn, log
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 READABLE = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
 WRITABLE = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
 COMPACT_AT = 256  # timers in the heap before the cancelled ones are dropped
+THREAD_STACK = 512 * 1024  # a connection's thread needs little: its stack stays small
 
 
 class Timer:
@@ -114,6 +116,29 @@ class Loop:
             self.epoll.modify(fd, mask)
         else:
             self.epoll.register(fd, mask)
+
+    def serve(self, sock: socket.socket, handle: Callable[[Conn], None]) -> None:
+        """Accept on ``sock`` (listening, non-blocking) and serve each connection with
+        ``handle`` in a thread of its own."""
+        threading.stack_size(THREAD_STACK)
+
+        def accept() -> None:
+            while True:
+                try:
+                    client, _ = sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError as exc:  # out of descriptors: the next readiness retries
+                    log(f"accept failed: {exc}")
+                    return
+                client.setblocking(True)
+                try:
+                    threading.Thread(target=handle, args=(Conn(client),), daemon=True).start()
+                except RuntimeError as exc:  # no thread to be had (the sandbox's pids limit)
+                    log(f"cannot serve a connection: {exc}")
+                    client.close()
+
+        self.add_reader(sock.fileno(), accept)
 
     # timers and calls
 

@@ -30,7 +30,8 @@ import time
 from typing import Any
 
 from . import proof
-from .http import Conn, HTTPError, Request, invalid, log
+from .http import Conn, HTTPError, Request, invalid, listen_socket, log
+from .loop import Loop
 
 CHUNK = 64 * 1024
 RELAY_PATH = "/model/relay"
@@ -179,34 +180,17 @@ class Relay:
             conn.close()
 
 
-def start(model: Any) -> Relay:
+def start(model: Any, loop: Loop) -> Relay:
+    """Listen for harness connections, served on ``loop`` (from any thread: it may not be
+    running yet)."""
     host, port, socket_path, wait, files = parse(model)
     write_files(files)
     relay = Relay(socket_path, wait)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((host, port))
-    listener.listen(1024)
-    threading.Thread(target=_accept, args=(listener, relay), daemon=True).start()
+    listener = listen_socket("tcp", host, port)
+    loop.call_soon(lambda: loop.serve(listener, relay.connection))
     way = socket_path or "parked connections"
     log(f"model gateway relay on {host}:{port} to {way}")
     return relay
-
-
-def _accept(listener: socket.socket, relay: Relay) -> None:
-    while True:
-        try:
-            client, _ = listener.accept()
-        except OSError as exc:  # out of descriptors: wait for some to be freed
-            log(f"model relay accept failed: {exc}")
-            time.sleep(0.1)
-            continue
-        try:
-            threading.Thread(target=relay.connection, args=(Conn(client),), daemon=True).start()
-        except RuntimeError as exc:  # no thread to be had (the sandbox's pids limit)
-            log(f"model relay cannot serve a connection: {exc}")
-            client.close()
 
 
 def _splice(conn: Conn, up: Conn) -> None:

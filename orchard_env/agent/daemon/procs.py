@@ -99,8 +99,11 @@ class Processes:
 
     def watch_child(self, proc: subprocess.Popen[bytes], exited: Callable[[int], None]) -> None:
         """Call ``exited`` with the child's return code once it exits (on the loop)."""
-        self.children[proc.pid] = (proc, exited)
-        self.reap()  # it may have exited already, its SIGCHLD handled before it was watched
+        returncode = proc.poll()  # it may have exited already, its SIGCHLD handled before
+        if returncode is None:
+            self.children[proc.pid] = (proc, exited)
+        else:
+            exited(returncode)
 
     def reap(self) -> None:
         """On the loop: reap the children that exited and call their callbacks."""

@@ -7,10 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
-import stat
 import sys
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +19,7 @@ from .http import (
     decode_b64,
     error_response,
     invalid,
+    listen_socket,
     log,
     read_request,
     string_map,
@@ -37,7 +35,6 @@ AGENT_VERSION = "0.1.0"
 MAX_ENROLL_BODY = 1024 * 1024
 STREAM_CHUNK = 256 * 1024  # bytes of a job's event log sent per write
 DEFAULT_WORKDIR = "/workspace"
-THREAD_STACK = 512 * 1024  # a connection's thread needs little: its stack stays small
 
 
 class Agent:
@@ -184,7 +181,7 @@ class Agent:
         if "model" in body:  # a model gateway: imported only for a sandbox that has one
             from . import model
 
-            self.model_relay = model.start(body["model"])
+            self.model_relay = model.start(body["model"], self.loop)
         self.key = key.encode()
         self.base_env = with_tools_path({**self.base_env, **env})
         log("enrolled")
@@ -325,52 +322,7 @@ def become_undumpable() -> bool:
     return True
 
 
-def listen_socket(kind: str, address: str, port: int) -> socket.socket:
-    """The agent's listening socket (``backlog`` 1024: a burst of connections waits)."""
-    if kind == "unix":
-        os.makedirs(os.path.dirname(address), exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISSOCK(os.lstat(address).st_mode):
-                os.unlink(address)  # left by an earlier agent (anything else: bind fails)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(address)
-        # Anyone in the sandbox may connect: every request needs the key's MAC, and every
-        # answer proves the agent holds it.
-        os.chmod(address, 0o666)  # noqa: S103
-    else:
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((address, port))
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock
-
-
-def serve_connections(loop: Loop, sock: socket.socket, handle: Callable[[Conn], None]) -> None:
-    """Accept on the loop, and serve each connection in a thread of its own."""
-
-    def accept() -> None:
-        while True:
-            try:
-                client, _ = sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # out of descriptors: the next readiness retries
-                log(f"accept failed: {exc}")
-                return
-            client.setblocking(True)
-            try:
-                threading.Thread(target=handle, args=(Conn(client),), daemon=True).start()
-            except RuntimeError as exc:  # no thread to be had (the sandbox's pids limit)
-                log(f"cannot serve a connection: {exc}")
-                client.close()
-
-    loop.add_reader(sock.fileno(), accept)
-
-
 def serve(listen: tuple[str, str, int], workdir: str) -> None:
-    threading.stack_size(THREAD_STACK)
     agent = Agent(workdir)
     try:
         os.makedirs(workdir, exist_ok=True)
@@ -378,7 +330,7 @@ def serve(listen: tuple[str, str, int], workdir: str) -> None:
         log(f"cannot create workdir {workdir}: {exc}")
     kind, address, port = listen
     sock = listen_socket(kind, address, port)
-    serve_connections(agent.loop, sock, agent.handle)
+    agent.loop.serve(sock, agent.handle)
     log(f"version {AGENT_VERSION} listening on {kind}:{address}{f':{port}' if port else ''}")
     try:
         agent.loop.run()
