@@ -100,6 +100,37 @@ def test_a_reader_is_called_until_removed(running: Loop) -> None:
     os.close(read_end)
 
 
+def test_out_of_descriptors_accepting_pauses_instead_of_spinning() -> None:
+    # A process in the sandbox may open connections until the agent has no descriptor left;
+    # the waiting ones keep the listening socket readable, so retrying at once would spin
+    # the loop (and flood the log) until some are freed.
+    script = textwrap.dedent(
+        """
+        import os, resource, socket, threading, time
+        from orchard_env.agent.daemon.http import listen_socket
+        from orchard_env.agent.daemon.loop import Loop
+
+        loop = Loop()
+        server = listen_socket("tcp", "127.0.0.1", 0)
+        port = server.getsockname()[1]
+        loop.serve(server, lambda conn: conn.read(1))  # each connection held open
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+        used = len(os.listdir("/proc/self/fd"))
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (used + 10, hard))
+        loop.thread = threading.current_thread()
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            loop._run_once()
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30
+    )
+    failures = done.stderr.count("accept failed")
+    assert 1 <= failures <= 3, done.stderr[-2000:]
+
+
 def test_sigchld_reaps_and_sigterm_stops_the_loop() -> None:
     # run() installs signal handlers, so it runs on the main thread of a process of its own.
     script = textwrap.dedent(

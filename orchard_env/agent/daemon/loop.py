@@ -32,6 +32,7 @@ READABLE = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
 WRITABLE = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
 COMPACT_AT = 256  # timers in the heap before the cancelled ones are dropped
 THREAD_STACK = 512 * 1024  # a connection's thread needs little: its stack stays small
+ACCEPT_PAUSE = 1.0  # seconds without accepting once the process is out of descriptors
 
 
 class Timer:
@@ -119,8 +120,11 @@ class Loop:
 
     def serve(self, sock: socket.socket, handle: Callable[[Conn], None]) -> None:
         """Accept on ``sock`` (listening, non-blocking) and serve each connection with
-        ``handle`` in a thread of its own."""
+        ``handle`` in a thread of its own. Out of descriptors (a process in the sandbox may
+        open connections until the agent is), accepting pauses for :data:`ACCEPT_PAUSE`:
+        the waiting connections keep the socket readable, and retrying at once would spin."""
         threading.stack_size(THREAD_STACK)
+        fd = sock.fileno()
 
         def accept() -> None:
             while True:
@@ -128,8 +132,10 @@ class Loop:
                     client, _ = sock.accept()
                 except (BlockingIOError, InterruptedError):
                     return
-                except OSError as exc:  # out of descriptors: the next readiness retries
-                    log(f"accept failed: {exc}")
+                except OSError as exc:
+                    log(f"accept failed: {exc}; accepting again in {ACCEPT_PAUSE:g} s")
+                    self.remove_reader(fd)
+                    self.call_later(ACCEPT_PAUSE, lambda: self.add_reader(fd, accept))
                     return
                 client.setblocking(True)
                 try:
@@ -138,7 +144,7 @@ class Loop:
                     log(f"cannot serve a connection: {exc}")
                     client.close()
 
-        self.add_reader(sock.fileno(), accept)
+        self.add_reader(fd, accept)
 
     # timers and calls
 
