@@ -393,6 +393,32 @@ async def test_every_request_needs_the_keys_mac_except_for_health(
     assert again.status_code == 401  # only the key it holds may even ask
 
 
+async def test_connections_left_half_sent_do_not_hold_up_the_orchestrators(
+    agent: AgentClient, agent_server: RunningAgent
+) -> None:
+    # A process in the sandbox may open the agent's socket (anyone there can) and leave
+    # requests unfinished: heads cut mid-line, a body announced and never sent. Each is
+    # served apart (a thread of its own), so the orchestrator's requests still go through.
+    stalled = []
+    for n in range(50):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(agent_server.socket)
+        if n % 2:
+            sock.sendall(b"POST /exec HTTP/1.1\r\nHost: agent\r\nX-Half")
+        else:
+            sock.sendall(b"PUT /files?path=x HTTP/1.1\r\nContent-Length: 1000000\r\n\r\nab")
+        stalled.append(sock)
+    try:
+        async with asyncio.timeout(30):  # a hang guard, not a speed target
+            result = await collect(agent.exec("through", "echo through"))
+            await agent.write_file("written", b"data")
+        assert result.stdout == b"through\n" and result.exit.exit_code == 0
+        assert (agent_server.workdir / "written").read_bytes() == b"data"
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
 async def test_unreachable_agent_is_agent_unavailable(short_dir: Path) -> None:
     async with AgentClient(token="t", uds=str(short_dir / "none.sock")) as client:
         with pytest.raises(errors.AgentUnavailable):
